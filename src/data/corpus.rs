@@ -1,0 +1,224 @@
+//! Corpus reading shared by every command: plain or gzip files (detected by magic bytes), one
+//! sentence per line, CRLF stripped, strict UTF-8 with errors that name the file, line and byte
+//! offset. This module reads text; it knows nothing about tokenizers or tensors.
+
+use anyhow::{bail, Context, Result};
+use flate2::read::MultiGzDecoder;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+/// Streams the lines of one corpus file, plain or gzip.
+pub struct LineReader {
+    path: PathBuf,
+    reader: Box<dyn BufRead + Send>,
+    line_no: usize,
+    offset: u64,
+    buf: Vec<u8>,
+}
+
+/// Opens `path` for reading, checking that it is a readable regular file; gzip is detected
+/// from its first two bytes (0x1f 0x8b), not its name.
+pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    if meta.is_dir() {
+        bail!("{}: is a directory, expected a text file", path.display());
+    }
+    let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let mut reader = BufReader::with_capacity(1 << 16, file);
+    let magic = reader
+        .fill_buf()
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if magic.starts_with(&[0x1f, 0x8b]) {
+        Ok(Box::new(BufReader::with_capacity(
+            1 << 16,
+            MultiGzDecoder::new(reader),
+        )))
+    } else {
+        Ok(Box::new(reader))
+    }
+}
+
+impl LineReader {
+    /// Opens a corpus file; see [`open`].
+    pub fn open(path: &Path) -> Result<Self> {
+        Ok(Self::from_reader(path, open(path)?))
+    }
+
+    /// Reads lines from any buffered reader (stdin, say); `path` names it in errors.
+    pub fn from_reader(path: &Path, reader: Box<dyn BufRead + Send>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            reader,
+            line_no: 0,
+            offset: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The number of lines returned so far.
+    pub fn line_no(&self) -> usize {
+        self.line_no
+    }
+
+    /// The next line without its `\n` or `\r\n`, or `None` at the end of the file.
+    pub fn next_line(&mut self) -> Result<Option<String>> {
+        self.buf.clear();
+        let n = self
+            .reader
+            .read_until(b'\n', &mut self.buf)
+            .with_context(|| {
+                format!(
+                    "{}: read error after line {} (corrupt or truncated gzip?)",
+                    self.path.display(),
+                    self.line_no
+                )
+            })?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.line_no += 1;
+        let start = self.offset;
+        self.offset += n as u64;
+        if self.buf.last() == Some(&b'\n') {
+            self.buf.pop();
+            if self.buf.last() == Some(&b'\r') {
+                self.buf.pop();
+            }
+        }
+        match std::str::from_utf8(&self.buf) {
+            Ok(s) => Ok(Some(s.to_owned())),
+            Err(e) => bail!(
+                "{}:{}: invalid UTF-8 at byte offset {} (byte {} of the line)",
+                self.path.display(),
+                self.line_no,
+                start + e.valid_up_to() as u64,
+                e.valid_up_to() + 1
+            ),
+        }
+    }
+}
+
+impl Iterator for LineReader {
+    type Item = Result<String>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_line().transpose()
+    }
+}
+
+/// A whole corpus file in memory, with its empty-line count.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    /// Where the lines came from.
+    pub path: PathBuf,
+    /// The lines, without line terminators.
+    pub lines: Vec<String>,
+    /// How many of them are empty (or only whitespace).
+    pub empty: usize,
+}
+
+/// Reads a whole corpus file.
+pub fn read_corpus(path: &Path) -> Result<Corpus> {
+    let mut lines = Vec::new();
+    let mut empty = 0;
+    for line in LineReader::open(path)? {
+        let line = line?;
+        if line.trim().is_empty() {
+            empty += 1;
+        }
+        lines.push(line);
+    }
+    Ok(Corpus {
+        path: path.to_path_buf(),
+        lines,
+        empty,
+    })
+}
+
+/// Reads two sides of a parallel corpus and checks they have the same number of lines.
+pub fn read_parallel(src: &Path, tgt: &Path) -> Result<(Corpus, Corpus)> {
+    let s = read_corpus(src)?;
+    let t = read_corpus(tgt)?;
+    if s.lines.len() != t.lines.len() {
+        bail!(
+            "parallel files differ in length: {} has {} lines, {} has {} lines",
+            src.display(),
+            s.lines.len(),
+            tgt.display(),
+            t.lines.len()
+        );
+    }
+    Ok((s, t))
+}
+
+impl Corpus {
+    /// A one-line note for stderr when the corpus has empty lines, `None` otherwise.
+    pub fn empty_note(&self) -> Option<String> {
+        (self.empty > 0).then(|| {
+            format!(
+                "note: {}: {} of {} lines are empty",
+                self.path.display(),
+                self.empty,
+                self.lines.len()
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn reads_plain_and_gzip_alike_and_strips_crlf() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = write(dir.path(), "a.txt", b"one\r\ntwo\n\nthree");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"one\r\ntwo\n\nthree").unwrap();
+        // A name without .gz: the magic bytes decide.
+        let zipped = write(dir.path(), "b.txt", &gz.finish().unwrap());
+        for p in [plain, zipped] {
+            let c = read_corpus(&p).unwrap();
+            assert_eq!(c.lines, vec!["one", "two", "", "three"]);
+            assert_eq!(c.empty, 1);
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_names_file_line_and_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "bad.txt", b"fine\nab\xffc\n");
+        let err = read_corpus(&p).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.txt:2: invalid UTF-8 at byte offset 7"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn parallel_length_mismatch_names_both_files_and_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write(dir.path(), "a.de", b"1\n2\n3\n");
+        let b = write(dir.path(), "b.en", b"1\n2\n");
+        let err = read_parallel(&a, &b).unwrap_err().to_string();
+        assert!(
+            err.contains("a.de has 3 lines") && err.contains("b.en has 2 lines"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read_corpus(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is a directory"), "{err}");
+    }
+}

@@ -1,0 +1,4 @@
+//! Data: corpus files, the subword tokenizer and (for training) batching.
+
+pub mod corpus;
+pub mod tokenizer;

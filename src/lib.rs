@@ -1,0 +1,7 @@
+//! nmt: neural machine translation in one binary. The library holds everything; the binary
+//! only parses the command line (see `cli`) and dispatches.
+
+pub mod cli;
+pub mod commands;
+pub mod data;
+pub mod io;

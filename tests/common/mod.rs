@@ -1,0 +1,71 @@
+//! Helpers shared by the end-to-end tests: run the built binary, find Multi30k.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Runs `nmt` with `args`, feeding `stdin`.
+pub fn nmt(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nmt"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nmt runs");
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("nmt finishes");
+    writer.join().unwrap();
+    out
+}
+
+/// Runs `nmt`, asserts success and returns stdout.
+pub fn nmt_ok(args: &[&str], stdin: &[u8]) -> String {
+    let out = nmt(args, stdin);
+    assert!(
+        out.status.success(),
+        "nmt {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `nmt`, asserts a clean failure (exit code 1, no panic) and returns stderr.
+pub fn nmt_err(args: &[&str], stdin: &[u8]) -> String {
+    let out = nmt(args, stdin);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "nmt {args:?} should fail");
+    assert!(
+        !stderr.contains("panicked"),
+        "nmt {args:?} panicked: {stderr}"
+    );
+    assert!(matches!(out.status.code(), Some(1) | Some(2)), "{stderr}");
+    stderr
+}
+
+/// The Multi30k folder: `$NMT_MULTI30K`, else `../shared/data/multi30k` beside the checkout.
+/// `None` (with a message) when it is absent, so that data tests skip cleanly.
+pub fn multi30k() -> Option<PathBuf> {
+    let dir = std::env::var_os("NMT_MULTI30K")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/multi30k"));
+    if dir.join("train.de.gz").is_file() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipped: Multi30k not found at {} (set NMT_MULTI30K)",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// A path as &str.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
