@@ -1,6 +1,8 @@
 //! The command line: one clap struct per subcommand, every flag documented here and only here.
 
 use crate::data::tokenizer::SubwordModel;
+use crate::eval::bleu::Smooth;
+use crate::eval::tokenizers::MetricTokenizer;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -20,6 +22,8 @@ pub enum Command {
     /// Train a subword vocabulary; encode or decode text with one.
     #[command(subcommand)]
     Tokenize(TokenizeCommand),
+    /// Score translations with BLEU and chrF, identical to sacreBLEU 2.6.
+    Eval(EvalArgs),
 }
 
 /// `nmt tokenize ...`
@@ -62,4 +66,66 @@ pub struct EncodeArgs {
     /// Write (encode) or read (decode) numeric ids instead of pieces.
     #[arg(long)]
     pub ids: bool,
+}
+
+/// Which metrics `nmt eval` computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricName {
+    /// BLEU (Papineni et al. 2002) as sacreBLEU computes it.
+    Bleu,
+    /// chrF (Popović 2015); chrF++ with `--chrf-word-order 2`.
+    Chrf,
+}
+
+/// `nmt eval`
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Reference file, plain or gzip (repeat for several references).
+    #[arg(long = "ref", required = true, value_name = "FILE")]
+    pub refs: Vec<PathBuf>,
+    /// Hypotheses file; read from stdin when absent.
+    #[arg(long, value_name = "FILE")]
+    pub hyp: Option<PathBuf>,
+    /// Metrics to compute, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "bleu")]
+    pub metrics: Vec<MetricName>,
+    /// BLEU's tokenizer.
+    #[arg(long, value_enum, default_value_t = MetricTokenizer::Tok13a)]
+    pub tokenize: MetricTokenizer,
+    /// Lowercase hypotheses and references (BLEU and chrF).
+    #[arg(long)]
+    pub lowercase: bool,
+    /// BLEU smoothing method.
+    #[arg(long, value_enum, default_value_t = Smooth::Exp)]
+    pub smooth_method: Smooth,
+    /// Smoothing value for `floor` (default 0.1) and `add-k` (default 1).
+    #[arg(long, value_name = "X")]
+    pub smooth_value: Option<f64>,
+    /// BLEU: leave out n-gram orders without any hypothesis n-gram.
+    #[arg(long)]
+    pub effective_order: bool,
+    /// chrF word n-gram order: 0 for chrF, 2 for chrF++.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub chrf_word_order: usize,
+    /// One score per hypothesis line instead of a corpus score (BLEU with effective order).
+    #[arg(long)]
+    pub sentence: bool,
+    /// Add a 95 % bootstrap confidence interval.
+    #[arg(long)]
+    pub confidence: bool,
+    /// Paired bootstrap resampling of this second system against the first (`--hyp`).
+    #[arg(long, value_name = "FILE")]
+    pub paired_bs: Option<PathBuf>,
+    /// Bootstrap resamples for `--confidence` and `--paired-bs`.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    pub bootstrap_samples: usize,
+    /// Bootstrap seed.
+    #[arg(long, default_value_t = 12345)]
+    pub seed: u64,
+    /// Print a JSON array, one object per metric.
+    #[arg(long)]
+    pub json: bool,
+    /// Decimals printed for scores.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub width: usize,
 }

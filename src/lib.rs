@@ -4,4 +4,6 @@
 pub mod cli;
 pub mod commands;
 pub mod data;
+pub mod eval;
 pub mod io;
+pub mod rng;

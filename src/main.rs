@@ -8,6 +8,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Tokenize(cmd) => commands::tokenize(cmd),
+        Command::Eval(args) => commands::eval(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
