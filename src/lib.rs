@@ -6,4 +6,5 @@ pub mod commands;
 pub mod data;
 pub mod eval;
 pub mod io;
+pub mod model;
 pub mod rng;

@@ -1,0 +1,657 @@
+//! THE model definition, shared by training and decoding, CPU and CUDA: the encoder–decoder
+//! Transformer of "Attention Is All You Need" laid out exactly as HF's MarianMT (tied
+//! embeddings scaled by √d, sinusoidal positions with sin in the first half and cos in the
+//! second, `final_logits_bias`, post-norm residual blocks). Batching, losses and search live
+//! elsewhere; this module only maps token ids to hidden states and logits.
+
+pub mod config;
+pub mod weights;
+
+use crate::rng::Rng;
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor, D};
+pub use config::{Activation, ModelConfig};
+use std::cell::RefCell;
+use weights::{Init, Weights};
+
+/// LayerNorm epsilon (PyTorch's default, as transformers uses).
+const LN_EPS: f64 = 1e-5;
+/// Added to attention scores of hidden keys: large and finite so a row never becomes NaN.
+pub const MASK_VALUE: f64 = -1e9;
+
+/// Dropout with masks drawn from our own seeded generator, so training is reproducible.
+pub struct Dropout {
+    rng: Option<RefCell<Rng>>,
+}
+
+impl Dropout {
+    /// No dropout (evaluation, decoding).
+    pub fn off() -> Self {
+        Self { rng: None }
+    }
+
+    /// Dropout driven by `seed`.
+    pub fn on(seed: u64) -> Self {
+        Self {
+            rng: Some(RefCell::new(Rng::new(seed))),
+        }
+    }
+
+    /// Zeroes each element with probability `p` and scales the rest by 1/(1-p).
+    pub fn apply(&self, x: &Tensor, p: f64) -> Result<Tensor> {
+        let Some(rng) = &self.rng else {
+            return Ok(x.clone());
+        };
+        if p <= 0.0 {
+            return Ok(x.clone());
+        }
+        let n = x.elem_count();
+        let keep = 1.0 / (1.0 - p) as f32;
+        let threshold = (p * (1u64 << 32) as f64) as u64;
+        let mut rng = rng.borrow_mut();
+        let mut mask = Vec::with_capacity(n);
+        while mask.len() < n {
+            let r = rng.next_u64();
+            for half in [r & 0xffff_ffff, r >> 32] {
+                if mask.len() < n {
+                    mask.push(if half < threshold { 0.0 } else { keep });
+                }
+            }
+        }
+        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+        Ok((x * mask)?)
+    }
+}
+
+/// y = x Wᵀ + b, with W of shape (out, in) as in PyTorch.
+pub struct Linear {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Linear {
+    fn new(w: &Weights, name: &str, d_in: usize, d_out: usize) -> Result<Self> {
+        Ok(Self {
+            weight: w.get(
+                &format!("{name}.weight"),
+                &[d_out, d_in],
+                Init::XavierUniform,
+            )?,
+            bias: w.get(&format!("{name}.bias"), &[d_out], Init::Zeros)?,
+        })
+    }
+
+    /// Applies the layer to (..., in).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let d_in = *dims.last().unwrap();
+        let x2 = x.reshape(((), d_in))?;
+        let y = x2.matmul(&self.weight.t()?)?.broadcast_add(&self.bias)?;
+        let mut out = dims;
+        *out.last_mut().unwrap() = self.bias.dims()[0];
+        Ok(y.reshape(out)?)
+    }
+}
+
+/// LayerNorm over the last dimension, built from differentiable primitives.
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl LayerNorm {
+    fn new(w: &Weights, name: &str, d: usize) -> Result<Self> {
+        Ok(Self {
+            weight: w.get(&format!("{name}.weight"), &[d], Init::Ones)?,
+            bias: w.get(&format!("{name}.bias"), &[d], Init::Zeros)?,
+        })
+    }
+
+    /// Normalises (..., d).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = centred.broadcast_div(&(var + LN_EPS)?.sqrt()?)?;
+        Ok(normed
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)?)
+    }
+}
+
+/// Multi-head scaled dot-product attention, softmax(QKᵀ/√d_k)V.
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    out_proj: Linear,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn new(w: &Weights, name: &str, d: usize, heads: usize) -> Result<Self> {
+        Ok(Self {
+            q_proj: Linear::new(w, &format!("{name}.q_proj"), d, d)?,
+            k_proj: Linear::new(w, &format!("{name}.k_proj"), d, d)?,
+            v_proj: Linear::new(w, &format!("{name}.v_proj"), d, d)?,
+            out_proj: Linear::new(w, &format!("{name}.out_proj"), d, d)?,
+            heads,
+            head_dim: d / heads,
+        })
+    }
+
+    /// (B, T, d) → (B, H, T, d_k)
+    fn split_heads(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        Ok(x.reshape((b, t, self.heads, self.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    }
+
+    /// Keys and values of `x` (B, S, d), each (B, H, S, d_k): computed once per sentence for
+    /// cross-attention.
+    pub fn keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.split_heads(&self.k_proj.forward(x)?)?,
+            self.split_heads(&self.v_proj.forward(x)?)?,
+        ))
+    }
+
+    /// Attention of queries `x` (B, T, d) over keys/values (B, H, S, d_k); `bias` (B|1, 1, T|1, S)
+    /// holds 0 for visible keys and MASK_VALUE for hidden ones.
+    pub fn attend(
+        &self,
+        x: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        bias: Option<&Tensor>,
+        p_attn: f64,
+        drop: &Dropout,
+    ) -> Result<Tensor> {
+        let (b, t, d) = x.dims3()?;
+        let q =
+            self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)?;
+        let mut scores = q.matmul(&k.t()?)?; // (B, H, T, S)
+        if let Some(bias) = bias {
+            scores = scores.broadcast_add(bias)?;
+        }
+        let probs = drop.apply(&candle_nn::ops::softmax(&scores, D::Minus1)?, p_attn)?;
+        let ctx = probs.matmul(v)?.transpose(1, 2)?.reshape((b, t, d))?; // (B, T, d)
+        self.out_proj.forward(&ctx)
+    }
+}
+
+struct FeedForward {
+    fc1: Linear,
+    fc2: Linear,
+    activation: Activation,
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Tensor, p_act: f64, drop: &Dropout) -> Result<Tensor> {
+        let h = self.fc1.forward(x)?;
+        let h = match self.activation {
+            Activation::Relu => h.relu()?,
+            Activation::Gelu => h.gelu_erf()?,
+            Activation::Swish => candle_nn::ops::silu(&h)?,
+        };
+        self.fc2.forward(&drop.apply(&h, p_act)?)
+    }
+}
+
+/// Residual + LayerNorm around a sub-layer, post-norm (Marian) or pre-norm.
+fn residual(
+    x: &Tensor,
+    ln: &LayerNorm,
+    pre_norm: bool,
+    p: f64,
+    drop: &Dropout,
+    f: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    if pre_norm {
+        Ok((x + drop.apply(&f(&ln.forward(x)?)?, p)?)?)
+    } else {
+        ln.forward(&(x + drop.apply(&f(x)?, p)?)?)
+    }
+}
+
+struct EncoderLayer {
+    self_attn: Attention,
+    self_attn_layer_norm: LayerNorm,
+    ffn: FeedForward,
+    final_layer_norm: LayerNorm,
+}
+
+struct DecoderLayer {
+    self_attn: Attention,
+    self_attn_layer_norm: LayerNorm,
+    encoder_attn: Attention,
+    encoder_attn_layer_norm: LayerNorm,
+    ffn: FeedForward,
+    final_layer_norm: LayerNorm,
+}
+
+/// The cached state of one decoder layer during incremental decoding.
+#[derive(Clone)]
+pub struct LayerCache {
+    /// Self-attention keys and values so far, (B, H, t, d_k).
+    self_kv: Option<(Tensor, Tensor)>,
+    /// Cross-attention keys and values, computed once per sentence, (B, H, S, d_k).
+    cross_kv: (Tensor, Tensor),
+}
+
+/// Decoder state between steps: one cache per layer.
+#[derive(Clone)]
+pub struct DecoderCache {
+    layers: Vec<LayerCache>,
+    /// Number of target positions already decoded.
+    pub len: usize,
+}
+
+impl DecoderCache {
+    /// Keeps (and reorders) the batch rows `rows`: beam reordering and pruning finished
+    /// sentences.
+    pub fn select(&self, rows: &Tensor) -> Result<Self> {
+        let pick = |t: &Tensor| t.index_select(rows, 0);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(LayerCache {
+                    self_kv: match &l.self_kv {
+                        Some((k, v)) => Some((pick(k)?, pick(v)?)),
+                        None => None,
+                    },
+                    cross_kv: (pick(&l.cross_kv.0)?, pick(&l.cross_kv.1)?),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            layers,
+            len: self.len,
+        })
+    }
+}
+
+/// The encoder–decoder Transformer.
+pub struct Seq2Seq {
+    /// Its configuration.
+    pub config: ModelConfig,
+    shared: Tensor,
+    final_logits_bias: Tensor,
+    positions: Tensor,
+    encoder_layers: Vec<EncoderLayer>,
+    decoder_layers: Vec<DecoderLayer>,
+    encoder_norm: Option<LayerNorm>,
+    decoder_norm: Option<LayerNorm>,
+    embed_scale: f64,
+    device: Device,
+}
+
+/// Marian's sinusoidal table: (positions, d), sin(pos/10000^(2i/d)) in the first half, cos
+/// in the second.
+pub fn sinusoidal_positions(n_pos: usize, d: usize, device: &Device) -> Result<Tensor> {
+    let sentinel = d.div_ceil(2);
+    let mut table = vec![0f32; n_pos * d];
+    for pos in 0..n_pos {
+        for j in 0..d {
+            // Column j of the "position_enc" matrix uses exponent 2*(j/2)/d.
+            let angle = pos as f64 / 10000f64.powf(2.0 * (j / 2) as f64 / d as f64);
+            let (col, value) = if j % 2 == 0 {
+                (j / 2, angle.sin())
+            } else {
+                (sentinel + j / 2, angle.cos())
+            };
+            table[pos * d + col] = value as f32;
+        }
+    }
+    Ok(Tensor::from_vec(table, (n_pos, d), device)?)
+}
+
+impl Seq2Seq {
+    /// Builds the model from `w`; tensor names are transformers' MarianMTModel names.
+    pub fn new(config: &ModelConfig, w: &Weights) -> Result<Self> {
+        config.validate()?;
+        let d = config.d_model;
+        let act = config.activation()?;
+        let shared = w.get(
+            "model.shared.weight",
+            &[config.vocab_size, d],
+            Init::Normal {
+                std: (d as f64).powf(-0.5),
+                zero_row: Some(config.pad_token_id as usize),
+            },
+        )?;
+        let ffn = |p: &str, dim: usize| -> Result<FeedForward> {
+            Ok(FeedForward {
+                fc1: Linear::new(w, &format!("{p}.fc1"), d, dim)?,
+                fc2: Linear::new(w, &format!("{p}.fc2"), dim, d)?,
+                activation: act,
+            })
+        };
+        let encoder_layers = (0..config.encoder_layers)
+            .map(|i| {
+                let p = format!("model.encoder.layers.{i}");
+                Ok(EncoderLayer {
+                    self_attn: Attention::new(
+                        w,
+                        &format!("{p}.self_attn"),
+                        d,
+                        config.encoder_attention_heads,
+                    )?,
+                    self_attn_layer_norm: LayerNorm::new(
+                        w,
+                        &format!("{p}.self_attn_layer_norm"),
+                        d,
+                    )?,
+                    ffn: ffn(&p, config.encoder_ffn_dim)?,
+                    final_layer_norm: LayerNorm::new(w, &format!("{p}.final_layer_norm"), d)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let decoder_layers = (0..config.decoder_layers)
+            .map(|i| {
+                let p = format!("model.decoder.layers.{i}");
+                Ok(DecoderLayer {
+                    self_attn: Attention::new(
+                        w,
+                        &format!("{p}.self_attn"),
+                        d,
+                        config.decoder_attention_heads,
+                    )?,
+                    self_attn_layer_norm: LayerNorm::new(
+                        w,
+                        &format!("{p}.self_attn_layer_norm"),
+                        d,
+                    )?,
+                    encoder_attn: Attention::new(
+                        w,
+                        &format!("{p}.encoder_attn"),
+                        d,
+                        config.decoder_attention_heads,
+                    )?,
+                    encoder_attn_layer_norm: LayerNorm::new(
+                        w,
+                        &format!("{p}.encoder_attn_layer_norm"),
+                        d,
+                    )?,
+                    ffn: ffn(&p, config.decoder_ffn_dim)?,
+                    final_layer_norm: LayerNorm::new(w, &format!("{p}.final_layer_norm"), d)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let (encoder_norm, decoder_norm) = if config.normalize_before {
+            (
+                Some(LayerNorm::new(w, "model.encoder.layer_norm", d)?),
+                Some(LayerNorm::new(w, "model.decoder.layer_norm", d)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            config: config.clone(),
+            final_logits_bias: w.buffer("final_logits_bias", &[1, config.vocab_size])?,
+            positions: sinusoidal_positions(config.max_position_embeddings, d, w.device())?
+                .to_dtype(shared.dtype())?,
+            shared,
+            encoder_layers,
+            decoder_layers,
+            encoder_norm,
+            decoder_norm,
+            embed_scale: if config.scale_embedding {
+                (d as f64).sqrt()
+            } else {
+                1.0
+            },
+            device: w.device().clone(),
+        })
+    }
+
+    /// The device the model lives on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dtype of its weights.
+    pub fn dtype(&self) -> DType {
+        self.shared.dtype()
+    }
+
+    /// Scaled token embeddings plus positions `offset..offset+T`: (B, T) ids → (B, T, d).
+    fn embed(&self, ids: &Tensor, offset: usize, drop: &Dropout) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let emb =
+            self.shared
+                .embedding(&ids.flatten_all()?)?
+                .reshape((b, t, self.config.d_model))?;
+        let pos = self.positions.narrow(0, offset, t)?;
+        drop.apply(
+            &(emb * self.embed_scale)?.broadcast_add(&pos)?,
+            self.config.dropout,
+        )
+    }
+
+    /// Additive key-padding mask (B, 1, 1, S) from ids: MASK_VALUE where the id is `<pad>`.
+    pub fn padding_bias(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, s) = ids.dims2()?;
+        let is_pad = ids.eq(self.config.pad_token_id)?.to_dtype(self.dtype())?;
+        Ok((is_pad * MASK_VALUE)?.reshape((b, 1, 1, s))?)
+    }
+
+    /// Additive key-padding mask (B, 1, 1, T) from sequence lengths: positions ≥ length hidden.
+    /// Used for targets, whose first token (Marian's start token) is the pad id itself.
+    pub fn length_bias(&self, lengths: &[usize], t: usize) -> Result<Tensor> {
+        let data: Vec<f32> = lengths
+            .iter()
+            .flat_map(|&len| (0..t).map(move |i| if i < len { 0.0 } else { MASK_VALUE as f32 }))
+            .collect();
+        Ok(
+            Tensor::from_vec(data, (lengths.len(), 1, 1, t), &self.device)?
+                .to_dtype(self.dtype())?,
+        )
+    }
+
+    /// Causal mask (1, 1, T, T): position t sees positions ≤ t.
+    pub fn causal_bias(&self, t: usize) -> Result<Tensor> {
+        let data: Vec<f32> = (0..t * t)
+            .map(|i| {
+                if i % t > i / t {
+                    MASK_VALUE as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Ok(Tensor::from_vec(data, (1, 1, t, t), &self.device)?.to_dtype(self.dtype())?)
+    }
+
+    /// Encodes source ids (B, S) with key-padding bias (B, 1, 1, S) → (B, S, d).
+    pub fn encode(&self, src: &Tensor, src_bias: &Tensor, drop: &Dropout) -> Result<Tensor> {
+        let c = &self.config;
+        let mut h = self.embed(src, 0, drop)?;
+        for l in &self.encoder_layers {
+            h = residual(
+                &h,
+                &l.self_attn_layer_norm,
+                c.normalize_before,
+                c.dropout,
+                drop,
+                |x| {
+                    let (k, v) = l.self_attn.keys_values(x)?;
+                    l.self_attn
+                        .attend(x, &k, &v, Some(src_bias), c.attention_dropout, drop)
+                },
+            )?;
+            h = residual(
+                &h,
+                &l.final_layer_norm,
+                c.normalize_before,
+                c.dropout,
+                drop,
+                |x| l.ffn.forward(x, c.activation_dropout, drop),
+            )?;
+        }
+        match &self.encoder_norm {
+            Some(ln) => ln.forward(&h),
+            None => Ok(h),
+        }
+    }
+
+    /// Teacher-forced decoder: inputs (B, T), self-attention bias (B|1, 1, T, T), encoder output
+    /// (B, S, d) and its bias → hidden states (B, T, d).
+    pub fn decode(
+        &self,
+        tgt_in: &Tensor,
+        tgt_bias: &Tensor,
+        memory: &Tensor,
+        src_bias: &Tensor,
+        drop: &Dropout,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let mut h = self.embed(tgt_in, 0, drop)?;
+        for l in &self.decoder_layers {
+            h = residual(
+                &h,
+                &l.self_attn_layer_norm,
+                c.normalize_before,
+                c.dropout,
+                drop,
+                |x| {
+                    let (k, v) = l.self_attn.keys_values(x)?;
+                    l.self_attn
+                        .attend(x, &k, &v, Some(tgt_bias), c.attention_dropout, drop)
+                },
+            )?;
+            h = residual(
+                &h,
+                &l.encoder_attn_layer_norm,
+                c.normalize_before,
+                c.dropout,
+                drop,
+                |x| {
+                    let (k, v) = l.encoder_attn.keys_values(memory)?;
+                    l.encoder_attn
+                        .attend(x, &k, &v, Some(src_bias), c.attention_dropout, drop)
+                },
+            )?;
+            h = residual(
+                &h,
+                &l.final_layer_norm,
+                c.normalize_before,
+                c.dropout,
+                drop,
+                |x| l.ffn.forward(x, c.activation_dropout, drop),
+            )?;
+        }
+        match &self.decoder_norm {
+            Some(ln) => ln.forward(&h),
+            None => Ok(h),
+        }
+    }
+
+    /// Output logits for hidden states (N, d) → (N, V): tied projection plus final_logits_bias.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden
+            .matmul(&self.shared.t()?)?
+            .broadcast_add(&self.final_logits_bias)?)
+    }
+
+    /// Full teacher-forced forward pass to logits (B, T, V), for tests and parity checks.
+    pub fn forward(&self, src: &Tensor, tgt_in: &Tensor) -> Result<Tensor> {
+        let drop = Dropout::off();
+        let src_bias = self.padding_bias(src)?;
+        let memory = self.encode(src, &src_bias, &drop)?;
+        let t = tgt_in.dim(1)?;
+        // Right-padded targets: the length is one past the last non-pad id.
+        let pad = self.config.pad_token_id;
+        let lengths: Vec<usize> = tgt_in
+            .to_vec2::<u32>()?
+            .iter()
+            .map(|row| row.iter().rposition(|&id| id != pad).map_or(1, |i| i + 1))
+            .collect();
+        let tgt_bias = self
+            .causal_bias(t)?
+            .broadcast_add(&self.length_bias(&lengths, t)?)?;
+        let h = self.decode(tgt_in, &tgt_bias, &memory, &src_bias, &drop)?;
+        let (b, t, d) = h.dims3()?;
+        Ok(self.logits(&h.reshape((b * t, d))?)?.reshape((b, t, ()))?)
+    }
+
+    /// Starts incremental decoding: cross-attention keys/values computed once from `memory`.
+    pub fn start_decoding(&self, memory: &Tensor) -> Result<DecoderCache> {
+        let layers = self
+            .decoder_layers
+            .iter()
+            .map(|l| {
+                Ok(LayerCache {
+                    self_kv: None,
+                    cross_kv: l.encoder_attn.keys_values(memory)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(DecoderCache { layers, len: 0 })
+    }
+
+    /// One decoder step for the last tokens (B, 1) → logits (B, V); appends to the cache.
+    pub fn decode_step(
+        &self,
+        tokens: &Tensor,
+        cache: &mut DecoderCache,
+        src_bias: &Tensor,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let drop = Dropout::off();
+        let mut h = self.embed(tokens, cache.len, &drop)?;
+        for (l, lc) in self.decoder_layers.iter().zip(cache.layers.iter_mut()) {
+            h = residual(
+                &h,
+                &l.self_attn_layer_norm,
+                c.normalize_before,
+                0.0,
+                &drop,
+                |x| {
+                    let (k, v) = l.self_attn.keys_values(x)?;
+                    let (k, v) = match &lc.self_kv {
+                        Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+                        None => (k, v),
+                    };
+                    let out = l.self_attn.attend(x, &k, &v, None, 0.0, &drop)?;
+                    lc.self_kv = Some((k, v));
+                    Ok(out)
+                },
+            )?;
+            h = residual(
+                &h,
+                &l.encoder_attn_layer_norm,
+                c.normalize_before,
+                0.0,
+                &drop,
+                |x| {
+                    l.encoder_attn.attend(
+                        x,
+                        &lc.cross_kv.0,
+                        &lc.cross_kv.1,
+                        Some(src_bias),
+                        0.0,
+                        &drop,
+                    )
+                },
+            )?;
+            h = residual(
+                &h,
+                &l.final_layer_norm,
+                c.normalize_before,
+                0.0,
+                &drop,
+                |x| l.ffn.forward(x, 0.0, &drop),
+            )?;
+        }
+        if let Some(ln) = &self.decoder_norm {
+            h = ln.forward(&h)?;
+        }
+        cache.len += 1;
+        let (b, _, d) = h.dims3()?;
+        self.logits(&h.reshape((b, d))?)
+    }
+}

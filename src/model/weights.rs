@@ -1,0 +1,208 @@
+//! Where the model's tensors come from: a checkpoint (HF tensor names) or, for a new model,
+//! deterministic initialisation into trainable variables. The VarBuilder-style path of each
+//! tensor *is* its name in `model.safetensors`.
+
+use crate::rng::Rng;
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::{DType, Device, Tensor, Var};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// How a new parameter is initialised.
+#[derive(Debug, Clone, Copy)]
+pub enum Init {
+    /// All zeros (biases).
+    Zeros,
+    /// All ones (LayerNorm gains).
+    Ones,
+    /// Normal(0, std) with the row `zero_row` (the pad embedding) set to zero.
+    Normal { std: f64, zero_row: Option<usize> },
+    /// Xavier/Glorot uniform for a (fan_out, fan_in) matrix.
+    XavierUniform,
+}
+
+enum Source {
+    Loaded {
+        tensors: HashMap<String, Tensor>,
+        path: PathBuf,
+    },
+    Init {
+        rng: RefCell<Rng>,
+        vars: RefCell<Vec<(String, Var)>>,
+        buffers: RefCell<Vec<(String, Tensor)>>,
+    },
+}
+
+/// The tensors a model is built from.
+pub struct Weights {
+    source: Source,
+    device: Device,
+    dtype: DType,
+}
+
+/// Other names under which transformers may have saved the tied embedding.
+const SHARED_ALIASES: &[&str] = &[
+    "model.shared.weight",
+    "model.encoder.embed_tokens.weight",
+    "model.decoder.embed_tokens.weight",
+    "lm_head.weight",
+];
+
+impl Weights {
+    /// Tensors from a `model.safetensors` file, converted to `dtype` on `device`.
+    pub fn load(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        if !path.is_file() {
+            bail!("{}: no such weights file", path.display());
+        }
+        let tensors = candle_core::safetensors::load(path, device)
+            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+        let tensors = tensors
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.to_dtype(dtype)?)))
+            .collect::<Result<HashMap<_, _>>>()?;
+        Ok(Self {
+            source: Source::Loaded {
+                tensors,
+                path: path.to_path_buf(),
+            },
+            device: device.clone(),
+            dtype,
+        })
+    }
+
+    /// Tensors already in memory (averaged checkpoints, tests).
+    pub fn from_tensors(tensors: HashMap<String, Tensor>, device: &Device, dtype: DType) -> Self {
+        Self {
+            source: Source::Loaded {
+                tensors,
+                path: PathBuf::from("<memory>"),
+            },
+            device: device.clone(),
+            dtype,
+        }
+    }
+
+    /// Fresh trainable variables, initialised from `seed`.
+    pub fn init(seed: u64, device: &Device, dtype: DType) -> Self {
+        Self {
+            source: Source::Init {
+                rng: RefCell::new(Rng::new(seed)),
+                vars: RefCell::new(Vec::new()),
+                buffers: RefCell::new(Vec::new()),
+            },
+            device: device.clone(),
+            dtype,
+        }
+    }
+
+    /// The device tensors live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The trainable variables created so far, in creation order, with their names.
+    pub fn vars(&self) -> Vec<(String, Var)> {
+        match &self.source {
+            Source::Init { vars, .. } => vars.borrow().clone(),
+            Source::Loaded { .. } => Vec::new(),
+        }
+    }
+
+    /// Every tensor of the model by checkpoint name: trainable variables and buffers.
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        match &self.source {
+            Source::Init { vars, buffers, .. } => vars
+                .borrow()
+                .iter()
+                .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+                .chain(buffers.borrow().iter().cloned())
+                .collect(),
+            Source::Loaded { tensors, .. } => {
+                let mut all: Vec<_> = tensors
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                all.sort_by(|a, b| a.0.cmp(&b.0));
+                all
+            }
+        }
+    }
+
+    /// A zero-initialised buffer that is saved but not trained (`final_logits_bias`); a
+    /// checkpoint without it gets zeros, as in transformers.
+    pub fn buffer(&self, name: &str, dims: &[usize]) -> Result<Tensor> {
+        match &self.source {
+            Source::Loaded { tensors, .. } if !tensors.contains_key(name) => {
+                Ok(Tensor::zeros(dims, self.dtype, &self.device)?)
+            }
+            Source::Loaded { .. } => self.get(name, dims, Init::Zeros),
+            Source::Init { buffers, .. } => {
+                let t = Tensor::zeros(dims, self.dtype, &self.device)?;
+                buffers.borrow_mut().push((name.to_string(), t.clone()));
+                Ok(t)
+            }
+        }
+    }
+
+    /// The tensor `name` of shape `dims`; created with `init` for a new model.
+    pub fn get(&self, name: &str, dims: &[usize], init: Init) -> Result<Tensor> {
+        match &self.source {
+            Source::Loaded { tensors, path } => {
+                let t = if SHARED_ALIASES.contains(&name) {
+                    SHARED_ALIASES.iter().find_map(|n| tensors.get(*n))
+                } else {
+                    tensors.get(name)
+                };
+                let t = t.ok_or_else(|| anyhow!("{}: tensor {name} is missing", path.display()))?;
+                if t.dims() != dims {
+                    bail!(
+                        "{}: tensor {name} has shape {:?}, the config implies {:?}",
+                        path.display(),
+                        t.dims(),
+                        dims
+                    );
+                }
+                Ok(t.clone())
+            }
+            Source::Init { rng, vars, .. } => {
+                let n: usize = dims.iter().product();
+                let mut rng = rng.borrow_mut();
+                let data: Vec<f32> = match init {
+                    Init::Zeros => vec![0.0; n],
+                    Init::Ones => vec![1.0; n],
+                    Init::Normal { std, zero_row } => {
+                        let mut d: Vec<f32> =
+                            (0..n).map(|_| (normal(&mut rng) * std) as f32).collect();
+                        if let Some(r) = zero_row {
+                            let w = dims[1];
+                            d[r * w..(r + 1) * w].iter_mut().for_each(|x| *x = 0.0);
+                        }
+                        d
+                    }
+                    Init::XavierUniform => {
+                        let bound = (6.0 / (dims[0] + dims[1]) as f64).sqrt();
+                        (0..n)
+                            .map(|_| ((uniform(&mut rng) * 2.0 - 1.0) * bound) as f32)
+                            .collect()
+                    }
+                };
+                let t = Tensor::from_vec(data, dims, &self.device)?.to_dtype(self.dtype)?;
+                let var = Var::from_tensor(&t).with_context(|| format!("creating {name}"))?;
+                vars.borrow_mut().push((name.to_string(), var.clone()));
+                Ok(var.as_tensor().clone())
+            }
+        }
+    }
+}
+
+fn uniform(rng: &mut Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A standard normal sample (Box–Muller).
+pub fn normal(rng: &mut Rng) -> f64 {
+    let u1 = uniform(rng).max(f64::MIN_POSITIVE);
+    let u2 = uniform(rng);
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}

@@ -1,0 +1,90 @@
+//! The model definition against transformers' MarianMTModel: logits on fixture inputs equal
+//! to 1e-4 relative (fixtures from scripts/gen-model-fixtures.py).
+
+use candle_core::{DType, Device, Tensor};
+use nmt::model::weights::Weights;
+use nmt::model::{ModelConfig, Seq2Seq};
+use std::path::Path;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn ids(v: &serde_json::Value) -> Tensor {
+    let rows: Vec<Vec<u32>> = serde_json::from_value(v.clone()).unwrap();
+    let (b, t) = (rows.len(), rows[0].len());
+    Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap()
+}
+
+/// max |ours − theirs| / max |theirs|
+pub fn max_rel_diff(ours: &Tensor, theirs: &Tensor) -> f32 {
+    let diff = (ours - theirs)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let scale = theirs
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    diff / scale
+}
+
+#[test]
+fn logits_equal_transformers_marian() {
+    for name in ["marian-tiny", "marian-tiny-gelu"] {
+        let dir = fixture(name);
+        let cfg = ModelConfig::load(&dir.join("config.json")).unwrap();
+        let w = Weights::load(&dir.join("model.safetensors"), &Device::Cpu, DType::F32).unwrap();
+        let model = Seq2Seq::new(&cfg, &w).unwrap();
+        let f: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap())
+                .unwrap();
+        let (src, tgt) = (ids(&f["src"]), ids(&f["tgt_in"]));
+        let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
+        let want = Tensor::new(want, &Device::Cpu).unwrap();
+        let got = model.forward(&src, &tgt).unwrap();
+        // Padded target positions are not compared (their outputs are never used).
+        for (b, len) in [(0usize, 5usize), (1, 3)] {
+            let g = got.get(b).unwrap().narrow(0, 0, len).unwrap();
+            let w = want.get(b).unwrap().narrow(0, 0, len).unwrap();
+            let rel = max_rel_diff(&g, &w);
+            assert!(rel < 1e-4, "{name} row {b}: relative difference {rel}");
+        }
+    }
+}
+
+#[test]
+fn incremental_decoding_equals_the_full_forward_pass() {
+    let dir = fixture("marian-tiny");
+    let cfg = ModelConfig::load(&dir.join("config.json")).unwrap();
+    let w = Weights::load(&dir.join("model.safetensors"), &Device::Cpu, DType::F32).unwrap();
+    let model = Seq2Seq::new(&cfg, &w).unwrap();
+    let src = Tensor::new(
+        &[[5u32, 17, 33, 8, 42, 0], [9, 21, 0, 60, 60, 60]],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let tgt = Tensor::new(&[[60u32, 7, 13, 29], [60, 44, 3, 12]], &Device::Cpu).unwrap();
+    let full = model.forward(&src, &tgt).unwrap();
+    let drop = nmt::model::Dropout::off();
+    let bias = model.padding_bias(&src).unwrap();
+    let memory = model.encode(&src, &bias, &drop).unwrap();
+    let mut cache = model.start_decoding(&memory).unwrap();
+    for t in 0..4 {
+        let step = model
+            .decode_step(&tgt.narrow(1, t, 1).unwrap(), &mut cache, &bias)
+            .unwrap();
+        let want = full.narrow(1, t, 1).unwrap().squeeze(1).unwrap();
+        let rel = max_rel_diff(&step, &want);
+        assert!(rel < 1e-5, "step {t}: {rel}");
+    }
+}
