@@ -3,6 +3,7 @@
 use crate::data::tokenizer::SubwordModel;
 use crate::eval::bleu::Smooth;
 use crate::eval::tokenizers::MetricTokenizer;
+use crate::train::schedule::Schedule;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -22,6 +23,12 @@ pub enum Command {
     /// Train a subword vocabulary; encode or decode text with one.
     #[command(subcommand)]
     Tokenize(TokenizeCommand),
+    /// Train a Transformer translation model.
+    Train(Box<TrainArgs>),
+    /// Translate sentences from stdin to stdout, one per line.
+    Translate(TranslateArgs),
+    /// Average the weights of checkpoints (the last k of a run, or named folders).
+    Average(AverageArgs),
     /// Score translations with BLEU and chrF, identical to sacreBLEU 2.6.
     Eval(EvalArgs),
 }
@@ -128,4 +135,182 @@ pub struct EvalArgs {
     /// Decimals printed for scores.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub width: usize,
+}
+
+/// Where tensors live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU.
+    Cpu,
+    /// The first CUDA GPU (needs a build with `--features cuda`).
+    Cuda,
+    /// CUDA when available, else the CPU.
+    Auto,
+}
+
+/// Floating-point type of weights and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeArg {
+    /// 32-bit floats (CPU and CUDA).
+    F32,
+    /// bfloat16 (CUDA only).
+    Bf16,
+    /// float16 (CUDA only).
+    F16,
+}
+
+/// `nmt train`
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Training source file (plain or gzip).
+    #[arg(long, value_name = "FILE")]
+    pub src: PathBuf,
+    /// Training target file, line-aligned with --src.
+    #[arg(long, value_name = "FILE")]
+    pub tgt: PathBuf,
+    /// Validation source file.
+    #[arg(long, value_name = "FILE", requires = "valid_tgt")]
+    pub valid_src: Option<PathBuf>,
+    /// Validation target file.
+    #[arg(long, value_name = "FILE", requires = "valid_src")]
+    pub valid_tgt: Option<PathBuf>,
+    /// A tokenizer.json; without it, one is trained on --src and --tgt with --vocab-size.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Output folder: checkpoints/, last/, best/, metrics.jsonl.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// JSON file of hyper-parameters (see data/configs/); flags below override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Continue the run in --out from its last checkpoint, exactly where it stopped.
+    #[arg(long)]
+    pub resume: bool,
+    /// Device.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Weight dtype; bf16 and f16 need CUDA.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Vocabulary size when training the tokenizer on the fly.
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// Model width.
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    /// Encoder and decoder layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Attention heads.
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Feed-forward width.
+    #[arg(long)]
+    pub ffn_dim: Option<usize>,
+    /// Dropout.
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    /// Padded tokens per batch.
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Batches per update (gradient accumulation).
+    #[arg(long)]
+    pub accum: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Warm-up steps.
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Learning-rate schedule.
+    #[arg(long, value_enum)]
+    pub schedule: Option<Schedule>,
+    /// Label smoothing.
+    #[arg(long)]
+    pub label_smoothing: Option<f64>,
+    /// Decoupled weight decay.
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Gradient-norm clipping threshold (0: off).
+    #[arg(long)]
+    pub clip_norm: Option<f64>,
+    /// Stop after N updates.
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Stop after N epochs.
+    #[arg(long)]
+    pub max_epochs: Option<usize>,
+    /// Stop after this long, e.g. 90s, 30m, 2h.
+    #[arg(long)]
+    pub max_time: Option<String>,
+    /// Validate and checkpoint every N updates.
+    #[arg(long)]
+    pub valid_every: Option<usize>,
+    /// Early stopping: validations without BLEU improvement.
+    #[arg(long)]
+    pub patience: Option<usize>,
+    /// Training checkpoints to keep.
+    #[arg(long)]
+    pub keep_last: Option<usize>,
+    /// Seed for initialisation, data order and dropout.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// `nmt average`
+#[derive(Debug, Args)]
+pub struct AverageArgs {
+    /// Checkpoint folders to average.
+    #[arg(value_name = "CHECKPOINT")]
+    pub checkpoints: Vec<PathBuf>,
+    /// A training run folder: average its last --last checkpoints.
+    #[arg(long, value_name = "DIR", conflicts_with = "checkpoints")]
+    pub run: Option<PathBuf>,
+    /// How many of the run's latest checkpoints.
+    #[arg(long, default_value_t = 5)]
+    pub last: usize,
+    /// Output checkpoint folder.
+    #[arg(long, value_name = "DIR")]
+    pub output: PathBuf,
+}
+
+/// `nmt translate`
+#[derive(Debug, Args)]
+pub struct TranslateArgs {
+    /// A checkpoint folder, a training run folder (uses best/, else last/), or a Hub repo id.
+    #[arg(long, value_name = "MODEL")]
+    pub model: String,
+    /// Beam size; 1 is greedy search.
+    #[arg(long, default_value_t = 1)]
+    pub beam: usize,
+    /// Length penalty α: hypotheses are ranked by sum log-prob / length^α.
+    #[arg(long, default_value_t = 1.0)]
+    pub length_penalty: f64,
+    /// Use GNMT's ((5+len)/6)^α instead of len^α.
+    #[arg(long)]
+    pub gnmt_penalty: bool,
+    /// Print the K best hypotheses as `i ||| hypothesis ||| score` (K ≤ beam).
+    #[arg(long, value_name = "K")]
+    pub nbest: Option<usize>,
+    /// Output length limit a·source_length + b (tokens): a.
+    #[arg(long, default_value_t = 1.5)]
+    pub max_len_a: f64,
+    /// Output length limit a·source_length + b (tokens): b.
+    #[arg(long, default_value_t = 10)]
+    pub max_len_b: usize,
+    /// Sentences per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Device.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Weight dtype on CUDA.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Append the hypothesis score (tab-separated).
+    #[arg(long)]
+    pub scores: bool,
+    /// One JSON object per line: source, translation, score, tokens.
+    #[arg(long)]
+    pub json: bool,
 }

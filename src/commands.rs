@@ -1,16 +1,24 @@
 //! What each subcommand does, given its parsed arguments. Glue between the command line and the
 //! library modules; no algorithm lives here.
 
-use crate::cli::{EncodeArgs, EvalArgs, MetricName, TokenizeCommand, TokenizeTrainArgs};
+use crate::cli::{
+    AverageArgs, DeviceArg, DtypeArg, EncodeArgs, EvalArgs, MetricName, TokenizeCommand,
+    TokenizeTrainArgs, TrainArgs, TranslateArgs,
+};
 use crate::data::corpus::{read_corpus, Corpus, LineReader};
 use crate::data::tokenizer::{self, SubwordTokenizer, TrainOptions};
 use crate::eval::bleu::Bleu;
 use crate::eval::chrf::Chrf;
 use crate::eval::tokenizers::py_rstrip;
 use crate::eval::{paired_bootstrap, Bootstrap, Metric};
+use crate::train::config::TrainConfig;
+use crate::train::{Outcome, TrainJob};
 use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The tokenizer inside a model folder, or the file itself.
 pub fn tokenizer_path(path: &Path) -> PathBuf {
@@ -262,4 +270,161 @@ pub fn eval(args: EvalArgs) -> Result<()> {
         }
     }
     Ok(out.flush()?)
+}
+
+/// The device and dtype a user asked for.
+pub fn select_device(device: DeviceArg, dtype: DtypeArg) -> Result<(Device, DType)> {
+    let device = match device {
+        DeviceArg::Cpu => Device::Cpu,
+        DeviceArg::Cuda => {
+            if !candle_core::utils::cuda_is_available() {
+                bail!("--device cuda: this nmt was built without CUDA (rebuild with --features cuda, see scripts/build-cuda.sh)");
+            }
+            Device::new_cuda(0).context("--device cuda: no usable CUDA GPU")?
+        }
+        DeviceArg::Auto if candle_core::utils::cuda_is_available() => {
+            Device::new_cuda(0).unwrap_or(Device::Cpu)
+        }
+        DeviceArg::Auto => Device::Cpu,
+    };
+    let dtype = match dtype {
+        DtypeArg::F32 => DType::F32,
+        DtypeArg::Bf16 | DtypeArg::F16 if device.is_cpu() => {
+            bail!("--dtype bf16/f16 needs --device cuda; the CPU trains in f32")
+        }
+        DtypeArg::Bf16 => DType::BF16,
+        DtypeArg::F16 => DType::F16,
+    };
+    Ok((device, dtype))
+}
+
+fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
+    let mut c = match &args.config {
+        Some(p) => TrainConfig::load(p)?,
+        None => TrainConfig::default(),
+    };
+    macro_rules! set {
+        ($($field:ident),*) => { $(if let Some(v) = args.$field.clone() { c.$field = v; })* };
+    }
+    set!(
+        vocab_size,
+        d_model,
+        heads,
+        ffn_dim,
+        dropout,
+        max_tokens,
+        accum,
+        lr,
+        warmup,
+        schedule,
+        label_smoothing,
+        weight_decay,
+        clip_norm,
+        valid_every,
+        keep_last,
+        seed
+    );
+    if let Some(l) = args.layers {
+        c.encoder_layers = l;
+        c.decoder_layers = l;
+    }
+    if args.max_steps.is_some() {
+        c.max_steps = args.max_steps;
+    }
+    if args.max_epochs.is_some() {
+        c.max_epochs = args.max_epochs;
+    }
+    if args.max_time.is_some() {
+        c.max_time = args.max_time.clone();
+    }
+    if args.patience.is_some() {
+        c.patience = args.patience;
+    }
+    Ok(c)
+}
+
+/// `nmt train`; returns the exit code (130 after Ctrl-C, with `last/` saved).
+pub fn train(args: TrainArgs) -> Result<i32> {
+    let (device, dtype) = select_device(args.device, args.dtype)?;
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupted: saving last/ after this step (Ctrl-C again to quit at once)");
+    })
+    .context("installing the Ctrl-C handler")?;
+    let job = TrainJob {
+        config: train_config(&args)?,
+        train_src: args.src,
+        train_tgt: args.tgt,
+        valid: args.valid_src.zip(args.valid_tgt),
+        tokenizer: args.tokenizer,
+        out: args.out,
+        resume: args.resume,
+        device,
+        dtype,
+        interrupt,
+    };
+    Ok(match crate::train::run(&job)? {
+        Outcome::Interrupted => 130,
+        Outcome::Finished | Outcome::EarlyStopped => 0,
+    })
+}
+
+/// `nmt average`
+pub fn average(args: AverageArgs) -> Result<()> {
+    let inputs = match &args.run {
+        Some(run) => {
+            let all = crate::train::checkpoint::list_checkpoints(run)?;
+            if all.is_empty() {
+                bail!("{}: no checkpoints found under checkpoints/", run.display());
+            }
+            all[all.len().saturating_sub(args.last)..].to_vec()
+        }
+        None => args.checkpoints.clone(),
+    };
+    crate::train::average(&inputs, &args.output)?;
+    eprintln!(
+        "averaged {} checkpoints into {}",
+        inputs.len(),
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// `nmt translate`
+pub fn translate(args: TranslateArgs) -> Result<()> {
+    if args.beam == 0 || args.batch_size == 0 {
+        bail!("--beam and --batch-size must be at least 1");
+    }
+    if args.nbest.is_some_and(|k| k == 0 || k > args.beam) {
+        bail!("--nbest must be between 1 and --beam ({})", args.beam);
+    }
+    let (device, dtype) = select_device(args.device, args.dtype)?;
+    let dir = crate::hub::resolve(&args.model)?;
+    let model = crate::hub::load(&dir, &device, dtype)?;
+    let opts = crate::translate::SearchOptions {
+        beam: args.beam,
+        length_penalty: args.length_penalty,
+        gnmt: args.gnmt_penalty,
+        nbest: args.nbest.unwrap_or(1),
+        max_len_a: args.max_len_a,
+        max_len_b: args.max_len_b,
+    };
+    let format = crate::translate::OutputFormat {
+        nbest: args.nbest.is_some(),
+        scores: args.scores,
+        json: args.json,
+    };
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    crate::translate::stream(
+        &model,
+        stdin_lines(),
+        &mut out,
+        args.batch_size,
+        &opts,
+        format,
+    )
 }

@@ -4,7 +4,11 @@
 pub mod cli;
 pub mod commands;
 pub mod data;
+pub mod decode;
 pub mod eval;
+pub mod hub;
 pub mod io;
 pub mod model;
 pub mod rng;
+pub mod train;
+pub mod translate;

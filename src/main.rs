@@ -7,11 +7,17 @@ use nmt::commands;
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Tokenize(cmd) => commands::tokenize(cmd),
-        Command::Eval(args) => commands::eval(args),
+        Command::Tokenize(cmd) => commands::tokenize(cmd).map(|()| 0),
+        Command::Train(args) => commands::train(*args),
+        Command::Translate(args) => commands::translate(args).map(|()| 0),
+        Command::Average(args) => commands::average(args).map(|()| 0),
+        Command::Eval(args) => commands::eval(args).map(|()| 0),
     };
-    if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
     }
 }

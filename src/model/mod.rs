@@ -37,6 +37,11 @@ impl Dropout {
         }
     }
 
+    /// Whether dropout is active (training).
+    pub fn is_on(&self) -> bool {
+        self.rng.is_some()
+    }
+
     /// Zeroes each element with probability `p` and scales the rest by 1/(1-p).
     pub fn apply(&self, x: &Tensor, p: f64) -> Result<Tensor> {
         let Some(rng) = &self.rng else {

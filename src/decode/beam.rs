@@ -1,0 +1,191 @@
+//! Beam search with transformers' `generate` semantics: 2·K candidates per step, finished
+//! hypotheses scored by sum log-prob / length^α (or GNMT's ((5+len)/6)^α), the best K finished
+//! kept, and the same early-stopping heuristic (`early_stopping=False`), so that outputs equal
+//! transformers' token for token.
+
+use super::{pad_ban, pad_batch};
+use crate::model::{Dropout, Seq2Seq};
+use anyhow::Result;
+use candle_core::{DType, Tensor, D};
+
+/// Beam search settings.
+#[derive(Debug, Clone, Copy)]
+pub struct BeamOptions {
+    /// Beam size K.
+    pub beam: usize,
+    /// Length penalty α.
+    pub length_penalty: f64,
+    /// GNMT length normalisation instead of len^α.
+    pub gnmt: bool,
+}
+
+/// A finished hypothesis: ids without `</s>` and its normalised score.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hypothesis {
+    /// Output ids, `</s>` removed.
+    pub tokens: Vec<u32>,
+    /// Sum of log-probabilities divided by the length penalty.
+    pub score: f64,
+}
+
+impl BeamOptions {
+    fn penalty(&self, len: usize) -> f64 {
+        if self.gnmt {
+            ((5.0 + len as f64) / 6.0).powf(self.length_penalty)
+        } else {
+            (len as f64).powf(self.length_penalty)
+        }
+    }
+}
+
+struct Sentence {
+    /// Running beams: tokens generated so far and summed log-prob.
+    running: Vec<(Vec<u32>, f64)>,
+    /// Finished hypotheses, best first, at most K.
+    finished: Vec<(Vec<u32>, f64)>,
+    max_len: usize,
+    done: bool,
+}
+
+/// Beam search for a batch of sources; returns, per sentence, up to K hypotheses best first.
+pub fn beam_search(
+    model: &Seq2Seq,
+    srcs: &[Vec<u32>],
+    max_lens: &[usize],
+    opts: BeamOptions,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let cfg = &model.config;
+    let k = opts.beam.max(1);
+    let n = srcs.len();
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let v = cfg.vocab_size;
+    let eos = cfg.eos_token_id;
+    let src = pad_batch(model, srcs)?;
+    let src_bias = model.padding_bias(&src)?;
+    let memory = model.encode(&src, &src_bias, &Dropout::off())?;
+    // Rows are sentence-major: sentence i owns rows i*K..(i+1)*K.
+    let expand: Vec<u32> = (0..n as u32)
+        .flat_map(|i| std::iter::repeat_n(i, k))
+        .collect();
+    let expand = Tensor::new(expand.as_slice(), model.device())?;
+    let mut bias = src_bias.index_select(&expand, 0)?;
+    let mut cache = model.start_decoding(&memory.index_select(&expand, 0)?)?;
+    let ban = pad_ban(model)?;
+    let mut sents: Vec<Sentence> = (0..n)
+        .map(|i| Sentence {
+            running: (0..k)
+                .map(|b| (Vec::new(), if b == 0 { 0.0 } else { -1e9 }))
+                .collect(),
+            finished: Vec::new(),
+            max_len: max_lens[i].clamp(1, cfg.max_position_embeddings),
+            done: false,
+        })
+        .collect();
+    let mut active: Vec<usize> = (0..n).collect();
+    let mut tokens = Tensor::full(cfg.decoder_start_token_id, (n * k, 1), model.device())?;
+    // cur_len counts the start token, as in transformers.
+    let mut cur_len = 1;
+    while !active.is_empty() {
+        let logits = model
+            .decode_step(&tokens, &mut cache, &bias)?
+            .to_dtype(DType::F32)?;
+        let logp = candle_nn::ops::log_softmax(&logits.broadcast_add(&ban)?, D::Minus1)?;
+        let logp: Vec<f32> = logp.flatten_all()?.to_vec1()?;
+        let mut next_rows: Vec<u32> = Vec::new();
+        let mut next_tokens: Vec<u32> = Vec::new();
+        let mut still: Vec<usize> = Vec::new();
+        for (slot, &i) in active.iter().enumerate() {
+            let s = &mut sents[i];
+            // transformers: max_length = 1 + max_len; `</s>` is forced at cur_len == max_length - 1
+            // and every candidate hits the length limit there.
+            let at_limit = cur_len >= s.max_len;
+            // Top 2K continuations over K×V (score, beam, token), best first.
+            let mut top: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + 1);
+            for (b, (_, beam_score)) in s.running.iter().enumerate() {
+                let row = &logp[(slot * k + b) * v..(slot * k + b + 1) * v];
+                for (tok, &lp) in row.iter().enumerate() {
+                    let lp = match (at_limit, tok as u32 == eos) {
+                        (true, true) => 0.0,
+                        (true, false) => f64::NEG_INFINITY,
+                        (false, _) => lp as f64,
+                    };
+                    let score = beam_score + lp;
+                    if top.len() < 2 * k || score > top.last().unwrap().0 {
+                        let pos = top.partition_point(|t| t.0 >= score);
+                        top.insert(pos, (score, b, tok as u32));
+                        top.truncate(2 * k);
+                    }
+                }
+            }
+            let hits: Vec<bool> = top.iter().map(|&(_, _, t)| t == eos || at_limit).collect();
+            // Finished candidates among the top K join the finished set.
+            for (r, &(score, b, t)) in top.iter().enumerate().take(k) {
+                if hits[r] {
+                    let mut seq = s.running[b].0.clone();
+                    if t != eos {
+                        seq.push(t);
+                    }
+                    let norm = score / opts.penalty(cur_len);
+                    let pos = s.finished.partition_point(|f| f.1 >= norm);
+                    s.finished.insert(pos, (seq, norm));
+                    s.finished.truncate(k);
+                }
+            }
+            // The best K unfinished candidates continue.
+            let mut cont: Vec<(f64, usize, u32)> = top
+                .iter()
+                .zip(&hits)
+                .map(|(&(sc, b, t), &h)| (if h { sc - 1e9 } else { sc }, b, t))
+                .collect();
+            cont.sort_by(|a, b| b.0.total_cmp(&a.0));
+            cont.truncate(k);
+            let all_hit = hits.iter().all(|&h| h);
+            let new_running: Vec<(Vec<u32>, f64)> = cont
+                .iter()
+                .map(|&(sc, b, t)| {
+                    let mut seq = s.running[b].0.clone();
+                    seq.push(t);
+                    (seq, sc)
+                })
+                .collect();
+            // Early-stopping heuristic: stop once the best running beam, normalised at the
+            // current length, cannot beat the worst of K finished hypotheses.
+            let unsatisfied = if s.finished.len() < k {
+                true
+            } else {
+                let best_running = new_running[0].1 / opts.penalty(cur_len);
+                best_running > s.finished.last().unwrap().1
+            };
+            if all_hit || !unsatisfied {
+                s.done = true;
+                continue;
+            }
+            for &(_, b, t) in &cont {
+                next_rows.push((slot * k + b) as u32);
+                next_tokens.push(t);
+            }
+            s.running = new_running;
+            still.push(i);
+        }
+        cur_len += 1;
+        active = still;
+        if active.is_empty() {
+            break;
+        }
+        let rows = Tensor::new(next_rows.as_slice(), model.device())?;
+        cache = cache.select(&rows)?;
+        bias = bias.index_select(&rows, 0)?;
+        tokens = Tensor::from_vec(next_tokens, (active.len() * k, 1), model.device())?;
+    }
+    Ok(sents
+        .into_iter()
+        .map(|s| {
+            s.finished
+                .into_iter()
+                .map(|(tokens, score)| Hypothesis { tokens, score })
+                .collect()
+        })
+        .collect())
+}

@@ -1,0 +1,173 @@
+//! Training hyper-parameters: one JSON file (presets in data/configs/), every key optional,
+//! unknown keys rejected; command-line flags override single keys.
+
+use super::schedule::Schedule;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Model and training hyper-parameters. Defaults are the yardstick configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Vocabulary size when nmt trains the tokenizer itself.
+    pub vocab_size: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Encoder layers.
+    pub encoder_layers: usize,
+    /// Decoder layers.
+    pub decoder_layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Feed-forward width.
+    pub ffn_dim: usize,
+    /// `relu`, `gelu` or `swish`.
+    pub activation: String,
+    /// Pre-norm instead of Marian's post-norm.
+    pub normalize_before: bool,
+    /// Dropout on embeddings and sub-layer outputs.
+    pub dropout: f64,
+    /// Dropout on attention probabilities.
+    pub attention_dropout: f64,
+    /// Dropout after the FFN activation.
+    pub activation_dropout: f64,
+    /// Positions the model supports.
+    pub max_positions: usize,
+    /// Longest training sentence in tokens (`</s>` included); longer pairs are skipped.
+    pub max_len: usize,
+    /// Padded tokens per batch.
+    pub max_tokens: usize,
+    /// Batches per update (gradient accumulation).
+    pub accum: usize,
+    /// Peak learning rate (Noam: the scale factor).
+    pub lr: f64,
+    /// Warm-up steps.
+    pub warmup: usize,
+    /// Learning-rate schedule.
+    pub schedule: Schedule,
+    /// Label smoothing ε.
+    pub label_smoothing: f64,
+    /// Adam β₁.
+    pub adam_beta1: f64,
+    /// Adam β₂.
+    pub adam_beta2: f64,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Decoupled weight decay on weight matrices.
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0: off).
+    pub clip_norm: f64,
+    /// Stop after this many updates.
+    pub max_steps: Option<usize>,
+    /// Stop after this many epochs.
+    pub max_epochs: Option<usize>,
+    /// Stop after this much training time, e.g. "90s", "30m", "2h".
+    pub max_time: Option<String>,
+    /// Validate (and save a checkpoint) every N updates.
+    pub valid_every: usize,
+    /// Stop when validation BLEU has not improved for this many validations.
+    pub patience: Option<usize>,
+    /// Training checkpoints kept (the best one is always kept).
+    pub keep_last: usize,
+    /// Print a progress line every N updates when stderr is not a terminal.
+    pub log_every: usize,
+    /// Seed for initialisation, data order and dropout.
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 8000,
+            d_model: 256,
+            encoder_layers: 3,
+            decoder_layers: 3,
+            heads: 4,
+            ffn_dim: 1024,
+            activation: "relu".into(),
+            normalize_before: false,
+            dropout: 0.1,
+            attention_dropout: 0.0,
+            activation_dropout: 0.0,
+            max_positions: 256,
+            max_len: 128,
+            max_tokens: 4096,
+            accum: 1,
+            lr: 1e-3,
+            warmup: 1000,
+            schedule: Schedule::InverseSqrt,
+            label_smoothing: 0.1,
+            adam_beta1: 0.9,
+            adam_beta2: 0.98,
+            adam_eps: 1e-9,
+            weight_decay: 0.0,
+            clip_norm: 1.0,
+            max_steps: None,
+            max_epochs: None,
+            max_time: None,
+            valid_every: 500,
+            patience: None,
+            keep_last: 5,
+            log_every: 100,
+            seed: 1,
+        }
+    }
+}
+
+/// Parses a duration: a number with an optional unit s, m or h (seconds by default).
+pub fn parse_duration(text: &str) -> Result<f64> {
+    let t = text.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1.0),
+        Some('m') => (&t[..t.len() - 1], 60.0),
+        Some('h') => (&t[..t.len() - 1], 3600.0),
+        _ => (t, 1.0),
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v * mult),
+        _ => bail!("invalid duration {text:?}: use e.g. 90s, 30m or 2h"),
+    }
+}
+
+impl TrainConfig {
+    /// Reads a JSON preset.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read config", path.display()))?;
+        let cfg: Self = serde_json::from_str(&text)
+            .with_context(|| format!("{}: invalid training config", path.display()))?;
+        Ok(cfg)
+    }
+
+    /// Checks values that would otherwise fail deep inside training.
+    pub fn validate(&self) -> Result<()> {
+        if self.heads == 0 || self.d_model % self.heads != 0 {
+            bail!(
+                "d_model {} must be divisible by heads {}",
+                self.d_model,
+                self.heads
+            );
+        }
+        if self.max_len > self.max_positions {
+            bail!(
+                "max_len {} exceeds max_positions {}",
+                self.max_len,
+                self.max_positions
+            );
+        }
+        if self.max_tokens == 0 || self.accum == 0 || self.valid_every == 0 || self.log_every == 0 {
+            bail!("max_tokens, accum, valid_every and log_every must be positive");
+        }
+        if !(0.0..1.0).contains(&self.dropout) || !(0.0..1.0).contains(&self.label_smoothing) {
+            bail!("dropout and label_smoothing must be in [0, 1)");
+        }
+        if let Some(t) = &self.max_time {
+            parse_duration(t)?;
+        }
+        if self.max_steps.is_none() && self.max_epochs.is_none() && self.max_time.is_none() {
+            bail!("no stopping criterion: set max_steps, max_epochs or max_time");
+        }
+        Ok(())
+    }
+}

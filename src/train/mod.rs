@@ -1,0 +1,677 @@
+//! Training: the loop (teacher forcing, token-based batches, accumulation, label smoothing,
+//! Adam with warm-up, clipping), validation with BLEU through the same code as `nmt eval`,
+//! checkpoints, exact resume, early stopping and averaging.
+
+pub mod checkpoint;
+pub mod config;
+pub mod loss;
+pub mod optim;
+pub mod schedule;
+
+use crate::data::batch::{encode_pairs, epoch_order, make_batches, Batch, Example};
+use crate::data::corpus::{read_parallel, Corpus};
+use crate::data::tokenizer::{self, SubwordTokenizer, TrainOptions};
+use crate::decode;
+use crate::eval::{bleu::Bleu, Metric};
+use crate::model::weights::Weights;
+use crate::model::{Dropout, ModelConfig, Seq2Seq};
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use checkpoint::{Checkpoint, TrainerState};
+use config::{parse_duration, TrainConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+use optim::{global_norm, Adam, AdamConfig};
+use serde_json::json;
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything `nmt train` needs.
+pub struct TrainJob {
+    /// Training source file.
+    pub train_src: PathBuf,
+    /// Training target file.
+    pub train_tgt: PathBuf,
+    /// Validation files (source, target).
+    pub valid: Option<(PathBuf, PathBuf)>,
+    /// A tokenizer.json; when absent one is trained with `config.vocab_size`.
+    pub tokenizer: Option<PathBuf>,
+    /// Output folder.
+    pub out: PathBuf,
+    /// Hyper-parameters.
+    pub config: TrainConfig,
+    /// Continue the run in `out`.
+    pub resume: bool,
+    /// Device and dtype.
+    pub device: Device,
+    /// Weight dtype.
+    pub dtype: DType,
+    /// Set by Ctrl-C: save `last/` and stop.
+    pub interrupt: Arc<AtomicBool>,
+}
+
+/// How training ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A stopping criterion was met.
+    Finished,
+    /// Validation BLEU stopped improving.
+    EarlyStopped,
+    /// Ctrl-C; `last/` was saved.
+    Interrupted,
+}
+
+fn check_writable(out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("{}: cannot create output folder", out.display()))?;
+    let probe = out.join(".nmt-write-test");
+    crate::io::write_atomic(&probe, b"ok")
+        .with_context(|| format!("{}: output folder is not writable", out.display()))?;
+    std::fs::remove_file(&probe).ok();
+    Ok(())
+}
+
+fn model_config(cfg: &TrainConfig, tok: &SubwordTokenizer) -> ModelConfig {
+    let mut m = ModelConfig::new(
+        tok.vocab_size(),
+        tok.pad_id,
+        tok.eos_id,
+        cfg.d_model,
+        cfg.encoder_layers,
+        cfg.heads,
+        cfg.ffn_dim,
+    );
+    m.decoder_layers = cfg.decoder_layers;
+    m.activation_function = cfg.activation.clone();
+    m.normalize_before = cfg.normalize_before;
+    m.dropout = cfg.dropout;
+    m.attention_dropout = cfg.attention_dropout;
+    m.activation_dropout = cfg.activation_dropout;
+    m.max_position_embeddings = cfg.max_positions;
+    m
+}
+
+/// Appends JSON lines to metrics.jsonl, one whole line per write, synced.
+struct MetricsLog {
+    file: std::fs::File,
+}
+
+impl MetricsLog {
+    /// Opens the log; on resume drops records after `step` and any half-written last line.
+    fn open(path: &Path, resume_step: Option<usize>) -> Result<Self> {
+        let kept: String = match (resume_step, std::fs::read_to_string(path)) {
+            (Some(step), Ok(text)) => text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["step"].as_u64().is_some_and(|s| s as usize <= step))
+                .map(|v| v.to_string() + "\n")
+                .collect(),
+            _ => String::new(),
+        };
+        crate::io::write_atomic(path, kept.as_bytes())?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("{}: cannot open", path.display()))?;
+        Ok(Self { file })
+    }
+
+    fn write(&mut self, record: serde_json::Value) -> Result<()> {
+        self.file
+            .write_all((record.to_string() + "\n").as_bytes())?;
+        self.file.sync_data()?;
+        Ok(())
+    }
+}
+
+/// Validation results.
+struct Validation {
+    loss: f64,
+    bleu: f64,
+}
+
+struct Trainer<'a> {
+    job: &'a TrainJob,
+    cfg: &'a TrainConfig,
+    model: Seq2Seq,
+    model_config: ModelConfig,
+    weights: Weights,
+    opt: Adam,
+    tok: SubwordTokenizer,
+    pad_row_mask: Tensor,
+}
+
+impl Trainer<'_> {
+    /// Forward pass of one batch: (label-smoothed loss sum, NLL sum).
+    fn batch_loss(&self, b: &Batch, drop: &Dropout) -> Result<(Tensor, Tensor)> {
+        let m = &self.model;
+        let src_bias = m.padding_bias(&b.src)?;
+        let memory = m.encode(&b.src, &src_bias, drop)?;
+        let t = b.tgt_in.dim(1)?;
+        let tgt_bias = m
+            .causal_bias(t)?
+            .broadcast_add(&m.length_bias(&b.tgt_lengths, t)?)?;
+        let h = m.decode(&b.tgt_in, &tgt_bias, &memory, &src_bias, drop)?;
+        let (bs, t, d) = h.dims3()?;
+        let rows = h.reshape((bs * t, d))?.index_select(&b.positions, 0)?;
+        let logits = m.logits(&rows)?;
+        let eps = if drop.is_on() {
+            self.cfg.label_smoothing
+        } else {
+            0.0
+        };
+        loss::label_smoothed_nll(&logits, &b.labels, eps)
+    }
+
+    fn validate(
+        &self,
+        valid: &[Example],
+        sources: &[String],
+        refs: &[String],
+    ) -> Result<Validation> {
+        let drop = Dropout::off();
+        let (mut nll, mut n) = (0f64, 0usize);
+        for idx in make_batches(valid, self.cfg.max_tokens)? {
+            let b = Batch::new(
+                valid,
+                &idx,
+                self.tok.pad_id,
+                self.model_config.decoder_start_token_id,
+                self.model.device(),
+            )?;
+            nll += self
+                .batch_loss(&b, &drop)?
+                .1
+                .to_dtype(DType::F32)?
+                .to_scalar::<f32>()? as f64;
+            n += b.n_tokens;
+        }
+        let hyps = translate_greedy(&self.model, &self.tok, sources)?;
+        let metric = Metric::Bleu(Bleu::default());
+        let stats = metric.corpus_stats(&hyps, std::slice::from_ref(&refs.to_vec()));
+        Ok(Validation {
+            loss: nll / n.max(1) as f64,
+            bleu: metric.report(&stats, 1, None).score,
+        })
+    }
+
+    fn save(&self, step_dir: &Path, state: &TrainerState) -> Result<()> {
+        Checkpoint {
+            config: &self.model_config,
+            tensors: self.weights.named_tensors().into_iter().collect(),
+            tokenizer: &self.tok,
+            optimizer: Some(self.opt.state()),
+            state: Some(state),
+        }
+        .save(step_dir)
+    }
+}
+
+/// Translates `sources` greedily in length-sorted batches; returns detokenized text in order.
+pub fn translate_greedy(
+    model: &Seq2Seq,
+    tok: &SubwordTokenizer,
+    sources: &[String],
+) -> Result<Vec<String>> {
+    let max_src = model.config.max_position_embeddings;
+    let mut encoded = tok.encode_batch(sources)?;
+    for e in &mut encoded {
+        e.truncate(max_src - 1);
+        e.push(tok.eos_id);
+    }
+    let mut order: Vec<usize> = (0..encoded.len()).collect();
+    order.sort_by_key(|&i| encoded[i].len());
+    let mut out = vec![String::new(); sources.len()];
+    for chunk in order.chunks(64) {
+        let srcs: Vec<Vec<u32>> = chunk.iter().map(|&i| encoded[i].clone()).collect();
+        let lens: Vec<usize> = srcs
+            .iter()
+            .map(|s| decode::max_len(model, s.len(), 1.5, 10))
+            .collect();
+        for (&i, ids) in chunk.iter().zip(decode::greedy(model, &srcs, &lens)?) {
+            out[i] = tok.decode(&ids)?;
+        }
+    }
+    Ok(out)
+}
+
+fn load_corpus_pair(src: &Path, tgt: &Path) -> Result<(Corpus, Corpus)> {
+    let (s, t) = read_parallel(src, tgt)?;
+    for c in [&s, &t] {
+        if let Some(note) = c.empty_note() {
+            eprintln!("{note}");
+        }
+    }
+    Ok((s, t))
+}
+
+/// Runs a training job.
+pub fn run(job: &TrainJob) -> Result<Outcome> {
+    let cfg = &job.config;
+    cfg.validate()?;
+    check_writable(&job.out)?;
+    let last = job.out.join("last");
+    let resume_state: Option<TrainerState> = if job.resume {
+        let p = last.join("trainer_state.json");
+        let text = std::fs::read_to_string(&p)
+            .with_context(|| format!("{}: cannot resume: no checkpoint", p.display()))?;
+        Some(
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: corrupt trainer state", p.display()))?,
+        )
+    } else {
+        if last.exists() {
+            bail!(
+                "{} already holds a training run: use --resume to continue it, or another --out",
+                job.out.display()
+            );
+        }
+        None
+    };
+    // Tokenizer.
+    let tok = if job.resume {
+        SubwordTokenizer::load(&last.join("tokenizer.json"))?
+    } else if let Some(p) = &job.tokenizer {
+        SubwordTokenizer::load(p)?
+    } else {
+        eprintln!(
+            "training a {}-piece BPE tokenizer on the training data",
+            cfg.vocab_size
+        );
+        let opts = TrainOptions {
+            vocab_size: cfg.vocab_size,
+            model: tokenizer::SubwordModel::Bpe,
+            min_frequency: None,
+            show_progress: std::io::stderr().is_terminal(),
+        };
+        tokenizer::train(&[job.train_src.clone(), job.train_tgt.clone()], &opts)?
+    };
+    tok.save(&job.out.join("tokenizer.json"))?;
+    let model_config = if job.resume {
+        ModelConfig::load(&last.join("config.json"))?
+    } else {
+        model_config(cfg, &tok)
+    };
+    if model_config.vocab_size != tok.vocab_size() {
+        bail!(
+            "{}: the tokenizer has {} pieces but the model config expects a vocabulary of {}",
+            tok.path.display(),
+            tok.vocab_size(),
+            model_config.vocab_size
+        );
+    }
+    if model_config.pad_token_id != tok.pad_id || model_config.eos_token_id != tok.eos_id {
+        bail!(
+            "{}: the tokenizer's <pad>/</s> ids do not match the model config",
+            tok.path.display()
+        );
+    }
+    // Data.
+    let (src, tgt) = load_corpus_pair(&job.train_src, &job.train_tgt)?;
+    let (examples, filtered) = encode_pairs(&tok, &src.lines, &tgt.lines, cfg.max_len)?;
+    if examples.is_empty() {
+        bail!(
+            "{}: no training pairs left after filtering ({} with an empty side, {} longer than max_len {})",
+            job.train_src.display(),
+            filtered.empty,
+            filtered.too_long,
+            cfg.max_len
+        );
+    }
+    if filtered.empty + filtered.too_long > 0 {
+        eprintln!(
+            "skipped {} pairs with an empty side and {} longer than {} tokens",
+            filtered.empty, filtered.too_long, cfg.max_len
+        );
+    }
+    let valid = match &job.valid {
+        Some((vs, vt)) => {
+            let (s, t) = load_corpus_pair(vs, vt)?;
+            let (ex, _) = encode_pairs(&tok, &s.lines, &t.lines, cfg.max_positions)?;
+            Some((ex, s.lines, t.lines))
+        }
+        None => None,
+    };
+    let batches = make_batches(&examples, cfg.max_tokens)?;
+    // Model and optimizer.
+    let weights = Weights::init(cfg.seed, &job.device, job.dtype);
+    let model = Seq2Seq::new(&model_config, &weights)?;
+    let mut opt = Adam::new(
+        weights.vars(),
+        AdamConfig {
+            beta1: cfg.adam_beta1,
+            beta2: cfg.adam_beta2,
+            eps: cfg.adam_eps,
+            weight_decay: cfg.weight_decay,
+        },
+    )?;
+    let mut state = TrainerState {
+        step: 0,
+        epoch: 1,
+        batch_in_epoch: 0,
+        tokens_seen: 0,
+        elapsed_s: 0.0,
+        best_bleu: None,
+        best_step: None,
+        bad_validations: 0,
+    };
+    if let Some(s) = resume_state {
+        let saved = candle_core::safetensors::load(last.join("model.safetensors"), &job.device)
+            .with_context(|| format!("{}: cannot read weights", last.display()))?;
+        for (name, var) in opt.vars() {
+            let t = saved
+                .get(name)
+                .ok_or_else(|| anyhow!("{}: tensor {name} is missing", last.display()))?;
+            var.set(&t.to_dtype(job.dtype)?)
+                .with_context(|| format!("restoring {name}"))?;
+        }
+        opt.load_state(&last.join("optimizer.safetensors"), s.step)?;
+        eprintln!(
+            "resuming at step {} (epoch {}, batch {})",
+            s.step, s.epoch, s.batch_in_epoch
+        );
+        state = s;
+    }
+    let v = model_config.vocab_size;
+    let mut mask = vec![1f32; v];
+    mask[model_config.pad_token_id as usize] = 0.0;
+    let pad_row_mask = Tensor::from_vec(mask, (v, 1), &job.device)?.to_dtype(job.dtype)?;
+    let mut trainer = Trainer {
+        job,
+        cfg,
+        model,
+        model_config,
+        weights,
+        opt,
+        tok,
+        pad_row_mask,
+    };
+    train_loop(
+        &mut trainer,
+        &examples,
+        &batches,
+        valid.as_ref(),
+        &mut state,
+    )
+}
+
+fn prune_checkpoints(out: &Path, keep: usize, best_step: Option<usize>) -> Result<()> {
+    let all = checkpoint::list_checkpoints(out)?;
+    let best = best_step.map(|s| format!("step-{s:08}"));
+    let removable: Vec<_> = all
+        .iter()
+        .filter(|p| best.as_deref() != p.file_name().and_then(|n| n.to_str()))
+        .collect();
+    for p in removable.iter().take(removable.len().saturating_sub(keep)) {
+        std::fs::remove_dir_all(p)
+            .with_context(|| format!("{}: cannot remove old checkpoint", p.display()))?;
+    }
+    Ok(())
+}
+
+type ValidSet = (Vec<Example>, Vec<String>, Vec<String>);
+
+fn train_loop(
+    tr: &mut Trainer,
+    examples: &[Example],
+    batches: &[Vec<usize>],
+    valid: Option<&ValidSet>,
+    state: &mut TrainerState,
+) -> Result<Outcome> {
+    let cfg = tr.cfg;
+    let job = tr.job;
+    let out = &job.out;
+    let max_time = cfg.max_time.as_deref().map(parse_duration).transpose()?;
+    let mut log = MetricsLog::open(&out.join("metrics.jsonl"), job.resume.then_some(state.step))?;
+    let start = Instant::now();
+    let elapsed0 = state.elapsed_s;
+    let tty = std::io::stderr().is_terminal();
+    let bar = match (tty, cfg.max_steps) {
+        (false, _) => ProgressBar::hidden(),
+        (true, Some(n)) => ProgressBar::new(n as u64),
+        (true, None) => ProgressBar::new_spinner(),
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}, ETA {eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_position(state.step as u64);
+    let start_id = tr.model_config.decoder_start_token_id;
+    let pad = tr.tok.pad_id;
+    let mut outcome = Outcome::Finished;
+    let mut last_saved = job.resume.then_some(state.step);
+    let save_and_validate = |tr: &Trainer,
+                             state: &mut TrainerState,
+                             log: &mut MetricsLog|
+     -> Result<bool> {
+        let dir = out
+            .join("checkpoints")
+            .join(format!("step-{:08}", state.step));
+        let mut improved = false;
+        if let Some((ex, srcs, refs)) = valid {
+            let v = tr.validate(ex, srcs, refs)?;
+            improved = state.best_bleu.is_none_or(|b| v.bleu > b);
+            if improved {
+                state.best_bleu = Some(v.bleu);
+                state.best_step = Some(state.step);
+                state.bad_validations = 0;
+            } else {
+                state.bad_validations += 1;
+            }
+            let msg = format!(
+                "step {} val_loss {:.4} val_ppl {:.2} val_bleu {:.2}{}",
+                state.step,
+                v.loss,
+                v.loss.exp(),
+                v.bleu,
+                if improved { " (best)" } else { "" }
+            );
+            if tty {
+                bar.println(&msg)
+            } else {
+                eprintln!("{msg}")
+            }
+            log.write(json!({"step": state.step, "val_loss": v.loss, "val_ppl": v.loss.exp(), "val_bleu": v.bleu, "elapsed": elapsed0 + start.elapsed().as_secs_f64()}))?;
+        }
+        state.elapsed_s = elapsed0 + start.elapsed().as_secs_f64();
+        tr.save(&dir, state)?;
+        let rel = Path::new("checkpoints").join(dir.file_name().unwrap());
+        checkpoint::point(&out.join("last"), &rel)?;
+        if improved {
+            checkpoint::point(&out.join("best"), &rel)?;
+        }
+        prune_checkpoints(out, cfg.keep_last, state.best_step)?;
+        Ok(improved)
+    };
+    'epochs: loop {
+        if cfg.max_epochs.is_some_and(|m| state.epoch > m) {
+            break;
+        }
+        let order = epoch_order(batches.len(), cfg.seed, state.epoch);
+        while state.batch_in_epoch < order.len() {
+            if cfg.max_steps.is_some_and(|m| state.step >= m)
+                || max_time.is_some_and(|t| elapsed0 + start.elapsed().as_secs_f64() >= t)
+            {
+                break 'epochs;
+            }
+            let t0 = Instant::now();
+            let step = state.step + 1;
+            let drop = Dropout::on(cfg.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ step as u64);
+            let mut grads: Option<Vec<Tensor>> = None;
+            let (mut loss_sum, mut n_tokens) = (0f64, 0usize);
+            for _ in 0..cfg.accum {
+                if state.batch_in_epoch >= order.len() {
+                    break;
+                }
+                let idx = &batches[order[state.batch_in_epoch]];
+                state.batch_in_epoch += 1;
+                let b = Batch::new(examples, idx, pad, start_id, tr.model.device())?;
+                let (loss, _) = tr.batch_loss(&b, &drop)?;
+                loss_sum += loss.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+                n_tokens += b.n_tokens;
+                let store = loss.backward()?;
+                let g: Vec<Tensor> = tr
+                    .opt
+                    .vars()
+                    .map(|(name, v)| {
+                        store
+                            .get(v.as_tensor())
+                            .cloned()
+                            .ok_or_else(|| anyhow!("parameter {name} received no gradient"))
+                    })
+                    .collect::<Result<_>>()?;
+                grads = Some(match grads {
+                    None => g,
+                    Some(acc) => acc
+                        .iter()
+                        .zip(&g)
+                        .map(|(a, b)| a + b)
+                        .collect::<candle_core::Result<_>>()?,
+                });
+            }
+            let per_token = loss_sum / n_tokens.max(1) as f64;
+            if !per_token.is_finite() {
+                bail!(
+                    "step {step}: the loss is {per_token}; training stopped. {}",
+                    match last_saved {
+                        Some(s) => format!(
+                            "The last good checkpoint is {} (step {s}).",
+                            out.join("last").display()
+                        ),
+                        None => "No checkpoint was written yet.".into(),
+                    }
+                );
+            }
+            let scale = 1.0 / n_tokens.max(1) as f64;
+            let mut grads: Vec<Tensor> = grads
+                .unwrap_or_default()
+                .iter()
+                .map(|g| g * scale)
+                .collect::<candle_core::Result<_>>()?;
+            // The pad row of the shared embedding stays zero (Marian: the decoder starts from it).
+            for ((name, _), g) in tr.opt.vars().zip(grads.iter_mut()) {
+                if name == "model.shared.weight" {
+                    *g = g.broadcast_mul(&tr.pad_row_mask)?;
+                }
+            }
+            if cfg.clip_norm > 0.0 {
+                let norm = global_norm(&grads)?;
+                if norm > cfg.clip_norm {
+                    let f = cfg.clip_norm / (norm + 1e-6);
+                    grads = grads
+                        .iter()
+                        .map(|g| g * f)
+                        .collect::<candle_core::Result<_>>()?;
+                }
+            }
+            let lr = cfg
+                .schedule
+                .lr(step, cfg.lr, cfg.warmup, tr.model_config.d_model);
+            tr.opt.update(&grads, lr)?;
+            state.step = step;
+            state.tokens_seen += n_tokens as u64;
+            let dt = t0.elapsed().as_secs_f64();
+            let tok_s = n_tokens as f64 / dt;
+            bar.set_position(step as u64);
+            bar.set_message(format!(
+                "epoch {} loss {per_token:.3} lr {lr:.2e} {tok_s:.0} tok/s",
+                state.epoch
+            ));
+            if step % cfg.log_every == 0 {
+                let elapsed = elapsed0 + start.elapsed().as_secs_f64();
+                log.write(json!({"step": step, "epoch": state.epoch, "loss": per_token, "lr": lr, "tok_s": tok_s, "elapsed": elapsed}))?;
+                if !tty {
+                    eprintln!("epoch {} step {step} loss {per_token:.4} lr {lr:.3e} tok/s {tok_s:.0} elapsed {elapsed:.0}s", state.epoch);
+                }
+            }
+            if step % cfg.valid_every == 0 {
+                save_and_validate(tr, state, &mut log)?;
+                last_saved = Some(step);
+                if cfg.patience.is_some_and(|p| state.bad_validations >= p) {
+                    outcome = Outcome::EarlyStopped;
+                    break 'epochs;
+                }
+            }
+            if job.interrupt.load(Ordering::SeqCst) {
+                outcome = Outcome::Interrupted;
+                break 'epochs;
+            }
+        }
+        state.epoch += 1;
+        state.batch_in_epoch = 0;
+    }
+    if last_saved != Some(state.step) {
+        save_and_validate(tr, state, &mut log)?;
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "{} at step {}: checkpoints in {}{}",
+        match outcome {
+            Outcome::Finished => "finished",
+            Outcome::EarlyStopped => "stopped early",
+            Outcome::Interrupted => "interrupted; saved last/",
+        },
+        state.step,
+        out.display(),
+        state
+            .best_bleu
+            .map(|b| format!(
+                ", best validation BLEU {b:.2} at step {}",
+                state.best_step.unwrap_or(0)
+            ))
+            .unwrap_or_default()
+    );
+    Ok(outcome)
+}
+
+/// Averages the weights of several checkpoints (same config) into a new checkpoint folder.
+pub fn average(inputs: &[PathBuf], output: &Path) -> Result<()> {
+    if inputs.is_empty() {
+        bail!("no checkpoints to average");
+    }
+    let first = &inputs[0];
+    let config = ModelConfig::load(&first.join("config.json"))?;
+    let tok = SubwordTokenizer::load(&first.join("tokenizer.json"))?;
+    let mut sum: HashMap<String, Tensor> = HashMap::new();
+    for dir in inputs {
+        let c = ModelConfig::load(&dir.join("config.json"))?;
+        if c.vocab_size != config.vocab_size
+            || c.d_model != config.d_model
+            || c.encoder_layers != config.encoder_layers
+            || c.decoder_layers != config.decoder_layers
+        {
+            bail!(
+                "{}: its config differs from {}",
+                dir.display(),
+                first.display()
+            );
+        }
+        let p = dir.join("model.safetensors");
+        let t = candle_core::safetensors::load(&p, &Device::Cpu)
+            .with_context(|| format!("{}: cannot read weights", p.display()))?;
+        for (k, v) in t {
+            let v = v.to_dtype(DType::F32)?;
+            let acc = match sum.remove(&k) {
+                Some(a) => (a + v)?,
+                None => v,
+            };
+            sum.insert(k, acc);
+        }
+    }
+    let n = inputs.len() as f64;
+    let tensors = sum
+        .into_iter()
+        .map(|(k, v)| Ok((k, (v / n)?)))
+        .collect::<Result<HashMap<_, _>>>()?;
+    Checkpoint {
+        config: &config,
+        tensors,
+        tokenizer: &tok,
+        optimizer: None,
+        state: None,
+    }
+    .save(output)
+}

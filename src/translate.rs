@@ -1,0 +1,189 @@
+//! `nmt translate`'s input path: streaming lines from a reader in batches filled from what is
+//! available, length-sorted inside a batch, written back in input order.
+
+use crate::data::corpus::LineReader;
+use crate::decode::{self, beam};
+use crate::hub::LoadedModel;
+use anyhow::Result;
+use std::io::Write;
+use std::sync::mpsc;
+
+/// Search settings for a translation run.
+#[derive(Debug, Clone, Copy)]
+pub struct SearchOptions {
+    /// Beam size (1: greedy).
+    pub beam: usize,
+    /// Length penalty α.
+    pub length_penalty: f64,
+    /// GNMT length normalisation.
+    pub gnmt: bool,
+    /// Hypotheses per sentence to return (≤ beam).
+    pub nbest: usize,
+    /// Output length limit a·src_len + b: a.
+    pub max_len_a: f64,
+    /// Output length limit a·src_len + b: b.
+    pub max_len_b: usize,
+}
+
+/// One translated sentence: its hypotheses, best first.
+#[derive(Debug, Clone)]
+pub struct Translation {
+    /// (text, score, token count) per hypothesis; greedy has one, with its summed log-prob left 0.
+    pub hypotheses: Vec<(String, f64, usize)>,
+}
+
+/// Translates a batch of lines; empty lines give empty translations without touching the
+/// model, and lines longer than the model's positions are truncated with a warning.
+pub fn translate_batch(
+    m: &LoadedModel,
+    lines: &[String],
+    first_line_no: usize,
+    opts: &SearchOptions,
+) -> Result<Vec<Translation>> {
+    let max_src = m.model.config.max_position_embeddings;
+    let mut out: Vec<Translation> = vec![
+        Translation {
+            hypotheses: vec![(String::new(), 0.0, 0)]
+        };
+        lines.len()
+    ];
+    let mut todo: Vec<(usize, Vec<u32>)> = Vec::new();
+    let encoded = m.tokenizer.encode_batch(lines)?;
+    for (i, (line, mut ids)) in lines.iter().zip(encoded).enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if ids.len() > max_src - 1 {
+            eprintln!(
+                "warning: line {}: {} tokens, truncated to the model's {} positions",
+                first_line_no + i,
+                ids.len(),
+                max_src - 1
+            );
+            ids.truncate(max_src - 1);
+        }
+        ids.push(m.tokenizer.eos_id);
+        todo.push((i, ids));
+    }
+    todo.sort_by_key(|(_, ids)| ids.len());
+    let srcs: Vec<Vec<u32>> = todo.iter().map(|(_, ids)| ids.clone()).collect();
+    let lens: Vec<usize> = srcs
+        .iter()
+        .map(|s| decode::max_len(&m.model, s.len(), opts.max_len_a, opts.max_len_b))
+        .collect();
+    if opts.beam <= 1 {
+        for ((i, _), ids) in todo.iter().zip(decode::greedy(&m.model, &srcs, &lens)?) {
+            out[*i] = Translation {
+                hypotheses: vec![(m.tokenizer.decode(&ids)?, 0.0, ids.len())],
+            };
+        }
+    } else {
+        let bo = beam::BeamOptions {
+            beam: opts.beam,
+            length_penalty: opts.length_penalty,
+            gnmt: opts.gnmt,
+        };
+        for ((i, _), hyps) in todo
+            .iter()
+            .zip(beam::beam_search(&m.model, &srcs, &lens, bo)?)
+        {
+            let hypotheses = hyps
+                .iter()
+                .take(opts.nbest.max(1))
+                .map(|h| Ok((m.tokenizer.decode(&h.tokens)?, h.score, h.tokens.len())))
+                .collect::<Result<_>>()?;
+            out[*i] = Translation { hypotheses };
+        }
+    }
+    Ok(out)
+}
+
+/// How to print translations.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputFormat {
+    /// `i ||| hypothesis ||| score` lines for every hypothesis.
+    pub nbest: bool,
+    /// Append a tab and the score.
+    pub scores: bool,
+    /// JSON lines.
+    pub json: bool,
+}
+
+fn write_translation(
+    out: &mut impl Write,
+    index: usize,
+    source: &str,
+    t: &Translation,
+    f: OutputFormat,
+) -> Result<()> {
+    if f.json {
+        let hyps: Vec<_> = t.hypotheses.iter().map(|(text, score, n)| serde_json::json!({"translation": text, "score": score, "tokens": n})).collect();
+        let best = &t.hypotheses[0];
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"line": index + 1, "source": source, "translation": best.0, "score": best.1, "hypotheses": hyps})
+        )?;
+    } else if f.nbest {
+        for (text, score, _) in &t.hypotheses {
+            writeln!(out, "{index} ||| {text} ||| {score:.6}")?;
+        }
+    } else if f.scores {
+        writeln!(out, "{}\t{:.6}", t.hypotheses[0].0, t.hypotheses[0].1)?;
+    } else {
+        writeln!(out, "{}", t.hypotheses[0].0)?;
+    }
+    Ok(())
+}
+
+/// Reads `input` to the end, translating in batches of at most `batch_size` lines made of the
+/// lines already available (so an interactive line is translated when Enter is pressed), and
+/// writes one result per input line, in order, flushing after each batch.
+pub fn stream(
+    m: &LoadedModel,
+    mut input: LineReader,
+    out: &mut impl Write,
+    batch_size: usize,
+    opts: &SearchOptions,
+    f: OutputFormat,
+) -> Result<()> {
+    let (tx, rx) = mpsc::sync_channel::<Result<String>>(batch_size.max(1) * 4);
+    let reader = std::thread::spawn(move || {
+        for line in input.by_ref() {
+            let stop = line.is_err();
+            if tx.send(line).is_err() || stop {
+                break;
+            }
+        }
+    });
+    let mut index = 0;
+    let result = (|| -> Result<()> {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first?];
+            let mut failure = None;
+            while batch.len() < batch_size.max(1) {
+                match rx.try_recv() {
+                    Ok(Ok(l)) => batch.push(l),
+                    Ok(Err(e)) => {
+                        failure = Some(e);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            let translations = translate_batch(m, &batch, index + 1, opts)?;
+            for (src, t) in batch.iter().zip(&translations) {
+                write_translation(out, index, src, t, f)?;
+                index += 1;
+            }
+            out.flush()?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+        }
+        Ok(())
+    })();
+    drop(rx);
+    let _ = reader.join();
+    result
+}
