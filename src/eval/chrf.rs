@@ -237,7 +237,7 @@ mod tests {
         assert!((c.score(&stats) - 100.0).abs() < 1e-9);
         assert_eq!(
             Chrf::remove_punctuation("Hello, (world) x!"),
-            ["Hello", ",", "(", "world)", "x", "!"]
+            ["Hello", ",", "(world", ")", "x", "!"]
         );
     }
 }

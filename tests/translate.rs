@@ -1,0 +1,127 @@
+//! `nmt translate` and search against transformers: a checkpoint trained by nmt
+//! (tests/fixtures/nmt-toy) was loaded by `MarianMTModel.from_pretrained`, whose logits and
+//! `generate()` outputs are recorded in transformers.json; nmt must reproduce them exactly.
+
+mod common;
+use candle_core::{DType, Device, Tensor};
+use common::{nmt_err, nmt_ok, s};
+use nmt::decode::{self, beam};
+use std::path::{Path, PathBuf};
+
+fn toy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nmt-toy")
+}
+
+fn recorded() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(toy().join("transformers.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<Vec<u32>> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+#[test]
+fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
+    let f = recorded();
+    assert_eq!(f["loaded_with"], "MarianMTModel.from_pretrained");
+    let m = nmt::hub::load(&toy(), &Device::Cpu, DType::F32).unwrap();
+    let tensor = |rows: Vec<Vec<u32>>| {
+        let (b, t) = (rows.len(), rows[0].len());
+        Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap()
+    };
+    let got = m.model.forward(&tensor(ids(&f["logits_src"])), &tensor(ids(&f["logits_tgt_in"]))).unwrap();
+    let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
+    let want = Tensor::new(want, &Device::Cpu).unwrap();
+    let diff = (&got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(diff / scale < 1e-4, "relative difference {}", diff / scale);
+}
+
+#[test]
+fn greedy_and_beam_search_equal_transformers_generate() {
+    let f = recorded();
+    let m = nmt::hub::load(&toy(), &Device::Cpu, DType::F32).unwrap();
+    let sources = ids(&f["sources"]);
+    for case in f["cases"].as_array().unwrap() {
+        let beam_size = case["beam"].as_u64().unwrap() as usize;
+        let lp = case["length_penalty"].as_f64().unwrap();
+        let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
+        let want = ids(&case["outputs"]);
+        let lens = vec![max_new; sources.len()];
+        // Whole batch at once (exercises padding and pruning) and in uneven chunks.
+        for chunk in [sources.len(), 7] {
+            let mut got = Vec::new();
+            for part in sources.chunks(chunk) {
+                if beam_size == 1 {
+                    got.extend(decode::greedy(&m.model, part, &lens[..part.len()]).unwrap());
+                } else {
+                    let opts = beam::BeamOptions { beam: beam_size, length_penalty: lp, gnmt: false };
+                    got.extend(beam::beam_search(&m.model, part, &lens[..part.len()], opts).unwrap().into_iter().map(|h| h[0].tokens.clone()));
+                }
+            }
+            let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
+            assert_eq!(same, want.len(), "beam {beam_size} lp {lp} max {max_new} chunk {chunk}: {got:?} vs {want:?}");
+        }
+    }
+}
+
+#[test]
+fn translate_streams_keeps_alignment_and_handles_odd_input() {
+    let model = toy();
+    let input = "1 2 3\n\n4 5 6 7\n   \n";
+    let out = nmt_ok(&["translate", "--model", s(&model), "--batch-size", "2"], input.as_bytes());
+    let lines: Vec<&str> = out.split('\n').collect();
+    assert_eq!(lines.len(), 5, "{out:?}");
+    assert_eq!((lines[1], lines[3]), ("", ""));
+    assert!(!lines[0].is_empty() && !lines[2].is_empty());
+    // n-best in Moses format.
+    let out = nmt_ok(&["translate", "--model", s(&model), "--beam", "4", "--nbest", "3"], b"1 2\n3\n");
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 6);
+    assert!(rows[0].starts_with("0 ||| ") && rows[5].starts_with("1 ||| "), "{out}");
+    let scores: Vec<f64> = rows[..3].iter().map(|r| r.rsplit(" ||| ").next().unwrap().parse().unwrap()).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    // JSON lines.
+    let out = nmt_ok(&["translate", "--model", s(&model), "--json"], b"1 2\n");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["source"], "1 2");
+    // A very long line is truncated with a warning, not a failure.
+    let long = "1 ".repeat(2000) + "\n";
+    let o = common::nmt(&["translate", "--model", s(&model)], long.as_bytes());
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("truncated"));
+    // Bad input.
+    let err = nmt_err(&["translate", "--model", s(&model)], b"1 2\n\xff\xfe\n");
+    assert!(err.contains("<stdin>:2: invalid UTF-8"), "{err}");
+    let err = nmt_err(&["translate", "--model", "/no/such/model"], b"1\n");
+    assert!(err.contains("no such model"), "{err}");
+    let err = nmt_err(&["translate", "--model", s(&model), "--beam", "2", "--nbest", "3"], b"1\n");
+    assert!(err.contains("--nbest must be between 1 and --beam"), "{err}");
+}
+
+/// Arbitrary bytes on stdin never make translate panic: they translate or fail cleanly.
+#[test]
+fn translate_input_path_never_panics() {
+    let model = toy();
+    let mut rng = nmt::rng::Rng::new(42);
+    for _ in 0..30 {
+        let n = rng.below(300);
+        let bytes: Vec<u8> = (0..n)
+            .map(|_| match rng.below(4) {
+                0 => b'\n',
+                1 => b' ',
+                2 => b"0123456789"[rng.below(10)],
+                _ => rng.below(256) as u8,
+            })
+            .collect();
+        let out = common::nmt(&["translate", "--model", s(&model), "--beam", "2", "--batch-size", "3"], &bytes);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        if out.status.success() {
+            let lines = bytes.split(|&b| b == b'\n').count() - usize::from(bytes.last() == Some(&b'\n') || bytes.is_empty());
+            assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), lines);
+        } else {
+            assert!(stderr.contains("invalid UTF-8"), "{stderr}");
+        }
+    }
+}
