@@ -4,7 +4,20 @@ use clap::Parser;
 use nmt::cli::{Cli, Command};
 use nmt::commands;
 
+/// Keeps freed memory in the process instead of returning large blocks to the kernel: training
+/// allocates and frees the same large tensors every step, and fresh pages from the kernel cost
+/// a page fault and a zeroing each (measured: ~15 % of a training step).
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tunables; called before any other thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
 fn main() {
+    keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Tokenize(cmd) => commands::tokenize(cmd).map(|()| 0),

@@ -6,7 +6,20 @@ use common::{nmt_err, nmt_ok, s, toy_corpus};
 use std::path::{Path, PathBuf};
 
 /// Tiny model flags shared by the tests (seconds per run on 2 cores).
-const TINY: &[&str] = &["--vocab-size", "400", "--d-model", "32", "--layers", "1", "--heads", "2", "--ffn-dim", "64", "--max-tokens", "512"];
+const TINY: &[&str] = &[
+    "--vocab-size",
+    "400",
+    "--d-model",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "64",
+    "--max-tokens",
+    "512",
+];
 
 fn write_config(dir: &Path, json: &str) -> PathBuf {
     let p = dir.join("config.json");
@@ -35,17 +48,53 @@ fn toy_model_learns_to_translate() {
     let run = dir.path().join("run");
     nmt_ok(
         &[
-            "train", "--src", s(&src), "--tgt", s(&tgt), "--valid-src", s(&vsrc), "--valid-tgt", s(&vtgt), "--out", s(&run),
-            "--vocab-size", "400", "--d-model", "64", "--layers", "2", "--heads", "4", "--ffn-dim", "256", "--dropout", "0",
-            "--label-smoothing", "0", "--max-tokens", "1024", "--lr", "5e-3", "--warmup", "100", "--max-steps", "400",
-            "--valid-every", "200",
+            "train",
+            "--src",
+            s(&src),
+            "--tgt",
+            s(&tgt),
+            "--valid-src",
+            s(&vsrc),
+            "--valid-tgt",
+            s(&vtgt),
+            "--out",
+            s(&run),
+            "--vocab-size",
+            "400",
+            "--d-model",
+            "64",
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--ffn-dim",
+            "256",
+            "--dropout",
+            "0",
+            "--label-smoothing",
+            "0",
+            "--max-tokens",
+            "1024",
+            "--lr",
+            "5e-3",
+            "--warmup",
+            "100",
+            "--max-steps",
+            "400",
+            "--valid-every",
+            "200",
         ],
         b"",
     );
     assert!(run.join("best/model.safetensors").is_file() && run.join("last/config.json").is_file());
-    let hyp = nmt_ok(&["translate", "--model", s(&run), "--beam", "4"], &std::fs::read(&tsrc).unwrap());
+    let hyp = nmt_ok(
+        &["translate", "--model", s(&run), "--beam", "4"],
+        &std::fs::read(&tsrc).unwrap(),
+    );
     let out = nmt_ok(&["eval", "--ref", s(&tref), "--json"], hyp.as_bytes());
-    let bleu = serde_json::from_str::<serde_json::Value>(&out).unwrap()[0]["score"].as_f64().unwrap();
+    let bleu = serde_json::from_str::<serde_json::Value>(&out).unwrap()[0]["score"]
+        .as_f64()
+        .unwrap();
     assert!(bleu >= 95.0, "held-out BLEU {bleu}");
     // Every metrics line parses and validation was recorded.
     let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
@@ -58,16 +107,35 @@ fn toy_model_learns_to_translate() {
 fn resume_is_exact_and_training_is_reproducible() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tgt) = toy_corpus(dir.path(), "train", 5, 400);
-    let cfg = write_config(dir.path(), r#"{"log_every": 1, "valid_every": 5, "warmup": 10, "lr": 0.003}"#);
+    let cfg = write_config(
+        dir.path(),
+        r#"{"log_every": 1, "valid_every": 5, "warmup": 10, "lr": 0.003}"#,
+    );
     let train = |out: &Path, steps: &str, resume: bool| {
-        let mut args = vec!["train", "--src", s(&src), "--tgt", s(&tgt), "--out", s(out), "--config", s(&cfg), "--max-steps", steps];
+        let mut args = vec![
+            "train",
+            "--src",
+            s(&src),
+            "--tgt",
+            s(&tgt),
+            "--out",
+            s(out),
+            "--config",
+            s(&cfg),
+            "--max-steps",
+            steps,
+        ];
         args.extend_from_slice(TINY);
         if resume {
             args.push("--resume");
         }
         nmt_ok(&args, b"");
     };
-    let (a, b, c) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+    let (a, b, c) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
     train(&a, "20", false);
     train(&b, "12", false);
     // Resume from step 10 (the last checkpoint), not 12: metrics after it are replaced.
@@ -78,7 +146,11 @@ fn resume_is_exact_and_training_is_reproducible() {
     train(&c, "20", false);
     let (la, lb) = (losses(&a), losses(&b));
     assert_eq!(la.len(), 20);
-    assert_eq!(lb.len(), 20, "resumed metrics must not repeat steps: {lb:?}");
+    assert_eq!(
+        lb.len(),
+        20,
+        "resumed metrics must not repeat steps: {lb:?}"
+    );
     for ((sa, x), (sb, y)) in la.iter().zip(&lb) {
         assert_eq!(sa, sb);
         assert!((x - y).abs() <= 1e-6, "step {sa}: {x} vs {y}");
@@ -88,7 +160,18 @@ fn resume_is_exact_and_training_is_reproducible() {
     assert!(weights(&a) == weights(&c), "two identical runs differ");
     // Averaging the run's checkpoints gives a loadable model.
     let avg = dir.path().join("avg");
-    nmt_ok(&["average", "--run", s(&a), "--last", "3", "--output", s(&avg)], b"");
+    nmt_ok(
+        &[
+            "average",
+            "--run",
+            s(&a),
+            "--last",
+            "3",
+            "--output",
+            s(&avg),
+        ],
+        b"",
+    );
     nmt_ok(&["translate", "--model", s(&avg)], b"1 2 3\n");
 }
 
@@ -97,7 +180,20 @@ fn bad_input_and_misuse_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tgt) = toy_corpus(dir.path(), "train", 5, 50);
     let base = |out: &Path| -> Vec<String> {
-        let mut v: Vec<String> = ["train", "--src", s(&src), "--tgt", s(&tgt), "--out", s(out), "--max-steps", "2"].iter().map(|x| x.to_string()).collect();
+        let mut v: Vec<String> = [
+            "train",
+            "--src",
+            s(&src),
+            "--tgt",
+            s(&tgt),
+            "--out",
+            s(out),
+            "--max-steps",
+            "2",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
         v.extend(TINY.iter().map(|x| x.to_string()));
         v
     };
@@ -111,7 +207,10 @@ fn bad_input_and_misuse_are_clear_errors() {
     let mut args = base(&dir.path().join("e"));
     args[2] = s(&empty).into();
     args[4] = s(&empty).into();
-    args.extend(["--tokenizer".into(), s(&write_tokenizer(dir.path(), &src)).into()]);
+    args.extend([
+        "--tokenizer".into(),
+        s(&write_tokenizer(dir.path(), &src)).into(),
+    ]);
     let err = run_err(args);
     assert!(err.contains("no training pairs left"), "{err}");
     // Mismatched line counts.
@@ -120,7 +219,10 @@ fn bad_input_and_misuse_are_clear_errors() {
     let mut args = base(&dir.path().join("m"));
     args[4] = s(&short).into();
     let err = run_err(args);
-    assert!(err.contains("train.src has 50 lines") && err.contains("short.txt has 1 lines"), "{err}");
+    assert!(
+        err.contains("train.src has 50 lines") && err.contains("short.txt has 1 lines"),
+        "{err}"
+    );
     // An --out that cannot be a folder.
     let file = dir.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
@@ -134,16 +236,31 @@ fn bad_input_and_misuse_are_clear_errors() {
     assert!(err.contains("already holds a training run"), "{err}");
     // A config with a typo, and one without a stopping criterion.
     let cfg = write_config(dir.path(), r#"{"learning_rate": 1}"#);
-    let err = run_err([base(&dir.path().join("t")), vec!["--config".into(), s(&cfg).into()]].concat());
+    let err = run_err(
+        [
+            base(&dir.path().join("t")),
+            vec!["--config".into(), s(&cfg).into()],
+        ]
+        .concat(),
+    );
     assert!(err.contains("unknown field `learning_rate`"), "{err}");
     // A tokenizer whose vocabulary does not match the model it is paired with.
     let model = out.join("last");
     let other = write_tokenizer_sized(dir.path(), &src, 380);
     std::fs::copy(&other, model.join("tokenizer.json")).unwrap();
     let err = nmt_err(&["translate", "--model", s(&model)], b"1 2\n");
-    assert!(err.contains("the tokenizer has") && err.contains("declares vocab_size"), "{err}");
+    assert!(
+        err.contains("the tokenizer has") && err.contains("declares vocab_size"),
+        "{err}"
+    );
     // bf16 on the CPU.
-    let err = run_err([base(&dir.path().join("d")), vec!["--dtype".into(), "bf16".into()]].concat());
+    let err = run_err(
+        [
+            base(&dir.path().join("d")),
+            vec!["--dtype".into(), "bf16".into()],
+        ]
+        .concat(),
+    );
     assert!(err.contains("needs --device cuda"), "{err}");
 }
 
@@ -153,7 +270,19 @@ fn write_tokenizer(dir: &Path, corpus: &Path) -> PathBuf {
 
 fn write_tokenizer_sized(dir: &Path, corpus: &Path, size: usize) -> PathBuf {
     let p = dir.join(format!("tok{size}.json"));
-    nmt_ok(&["tokenize", "train", "--input", s(corpus), "--vocab-size", &size.to_string(), "--output", s(&p)], b"");
+    nmt_ok(
+        &[
+            "tokenize",
+            "train",
+            "--input",
+            s(corpus),
+            "--vocab-size",
+            &size.to_string(),
+            "--output",
+            s(&p),
+        ],
+        b"",
+    );
     p
 }
 
@@ -164,10 +293,31 @@ fn a_nan_loss_stops_training_and_keeps_the_last_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tgt) = toy_corpus(dir.path(), "train", 5, 100);
     let out = dir.path().join("run");
-    let mut args = vec!["train", "--src", s(&src), "--tgt", s(&tgt), "--out", s(&out), "--max-steps", "50", "--lr", "1e30", "--warmup", "1", "--clip-norm", "0", "--valid-every", "1"];
+    let mut args = vec![
+        "train",
+        "--src",
+        s(&src),
+        "--tgt",
+        s(&tgt),
+        "--out",
+        s(&out),
+        "--max-steps",
+        "50",
+        "--lr",
+        "1e30",
+        "--warmup",
+        "1",
+        "--clip-norm",
+        "0",
+        "--valid-every",
+        "1",
+    ];
     args.extend_from_slice(TINY);
     let err = nmt_err(&args, b"");
-    assert!(err.contains("the loss is NaN") || err.contains("the loss is inf"), "{err}");
+    assert!(
+        err.contains("the loss is NaN") || err.contains("the loss is inf"),
+        "{err}"
+    );
     assert!(err.contains("The last good checkpoint is"), "{err}");
     nmt_ok(&["translate", "--model", s(&out.join("last"))], b"1 2\n");
 }
@@ -178,19 +328,41 @@ fn sigint_saves_last_and_exits_130() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tgt) = toy_corpus(dir.path(), "train", 5, 400);
     let out = dir.path().join("run");
-    let mut args = vec!["train", "--src", s(&src), "--tgt", s(&tgt), "--out", s(&out), "--max-steps", "1000000", "--valid-every", "1000000"];
+    let mut args = vec![
+        "train",
+        "--src",
+        s(&src),
+        "--tgt",
+        s(&tgt),
+        "--out",
+        s(&out),
+        "--max-steps",
+        "1000000",
+        "--valid-every",
+        "1000000",
+    ];
     args.extend_from_slice(TINY);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nmt")).args(&args).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nmt"))
+        .args(&args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     // Wait until training runs (the tokenizer is written before the first step).
     let start = std::time::Instant::now();
     while !out.join("tokenizer.json").exists() && start.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let status = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
     let code = child.wait().unwrap().code();
     assert_eq!(code, Some(130));
-    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("last/trainer_state.json")).unwrap()).unwrap();
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("last/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
     assert!(state["step"].as_u64().unwrap() >= 1);
 }

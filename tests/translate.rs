@@ -13,7 +13,8 @@ fn toy() -> PathBuf {
 }
 
 fn recorded() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(toy().join("transformers.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(toy().join("transformers.json")).unwrap())
+        .unwrap()
 }
 
 fn ids(v: &serde_json::Value) -> Vec<Vec<u32>> {
@@ -29,11 +30,30 @@ fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
         let (b, t) = (rows.len(), rows[0].len());
         Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap()
     };
-    let got = m.model.forward(&tensor(ids(&f["logits_src"])), &tensor(ids(&f["logits_tgt_in"]))).unwrap();
+    let got = m
+        .model
+        .forward(
+            &tensor(ids(&f["logits_src"])),
+            &tensor(ids(&f["logits_tgt_in"])),
+        )
+        .unwrap();
     let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
     let want = Tensor::new(want, &Device::Cpu).unwrap();
-    let diff = (&got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-    let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let diff = (&got - &want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let scale = want
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     assert!(diff / scale < 1e-4, "relative difference {}", diff / scale);
 }
 
@@ -55,12 +75,25 @@ fn greedy_and_beam_search_equal_transformers_generate() {
                 if beam_size == 1 {
                     got.extend(decode::greedy(&m.model, part, &lens[..part.len()]).unwrap());
                 } else {
-                    let opts = beam::BeamOptions { beam: beam_size, length_penalty: lp, gnmt: false };
-                    got.extend(beam::beam_search(&m.model, part, &lens[..part.len()], opts).unwrap().into_iter().map(|h| h[0].tokens.clone()));
+                    let opts = beam::BeamOptions {
+                        beam: beam_size,
+                        length_penalty: lp,
+                        gnmt: false,
+                    };
+                    got.extend(
+                        beam::beam_search(&m.model, part, &lens[..part.len()], opts)
+                            .unwrap()
+                            .into_iter()
+                            .map(|h| h[0].tokens.clone()),
+                    );
                 }
             }
             let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
-            assert_eq!(same, want.len(), "beam {beam_size} lp {lp} max {max_new} chunk {chunk}: {got:?} vs {want:?}");
+            assert_eq!(
+                same,
+                want.len(),
+                "beam {beam_size} lp {lp} max {max_new} chunk {chunk}: {got:?} vs {want:?}"
+            );
         }
     }
 }
@@ -69,17 +102,37 @@ fn greedy_and_beam_search_equal_transformers_generate() {
 fn translate_streams_keeps_alignment_and_handles_odd_input() {
     let model = toy();
     let input = "1 2 3\n\n4 5 6 7\n   \n";
-    let out = nmt_ok(&["translate", "--model", s(&model), "--batch-size", "2"], input.as_bytes());
+    let out = nmt_ok(
+        &["translate", "--model", s(&model), "--batch-size", "2"],
+        input.as_bytes(),
+    );
     let lines: Vec<&str> = out.split('\n').collect();
     assert_eq!(lines.len(), 5, "{out:?}");
     assert_eq!((lines[1], lines[3]), ("", ""));
     assert!(!lines[0].is_empty() && !lines[2].is_empty());
     // n-best in Moses format.
-    let out = nmt_ok(&["translate", "--model", s(&model), "--beam", "4", "--nbest", "3"], b"1 2\n3\n");
+    let out = nmt_ok(
+        &[
+            "translate",
+            "--model",
+            s(&model),
+            "--beam",
+            "4",
+            "--nbest",
+            "3",
+        ],
+        b"1 2\n3\n",
+    );
     let rows: Vec<&str> = out.lines().collect();
     assert_eq!(rows.len(), 6);
-    assert!(rows[0].starts_with("0 ||| ") && rows[5].starts_with("1 ||| "), "{out}");
-    let scores: Vec<f64> = rows[..3].iter().map(|r| r.rsplit(" ||| ").next().unwrap().parse().unwrap()).collect();
+    assert!(
+        rows[0].starts_with("0 ||| ") && rows[5].starts_with("1 ||| "),
+        "{out}"
+    );
+    let scores: Vec<f64> = rows[..3]
+        .iter()
+        .map(|r| r.rsplit(" ||| ").next().unwrap().parse().unwrap())
+        .collect();
     assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
     // JSON lines.
     let out = nmt_ok(&["translate", "--model", s(&model), "--json"], b"1 2\n");
@@ -95,8 +148,22 @@ fn translate_streams_keeps_alignment_and_handles_odd_input() {
     assert!(err.contains("<stdin>:2: invalid UTF-8"), "{err}");
     let err = nmt_err(&["translate", "--model", "/no/such/model"], b"1\n");
     assert!(err.contains("no such model"), "{err}");
-    let err = nmt_err(&["translate", "--model", s(&model), "--beam", "2", "--nbest", "3"], b"1\n");
-    assert!(err.contains("--nbest must be between 1 and --beam"), "{err}");
+    let err = nmt_err(
+        &[
+            "translate",
+            "--model",
+            s(&model),
+            "--beam",
+            "2",
+            "--nbest",
+            "3",
+        ],
+        b"1\n",
+    );
+    assert!(
+        err.contains("--nbest must be between 1 and --beam"),
+        "{err}"
+    );
 }
 
 /// Arbitrary bytes on stdin never make translate panic: they translate or fail cleanly.
@@ -114,11 +181,23 @@ fn translate_input_path_never_panics() {
                 _ => rng.below(256) as u8,
             })
             .collect();
-        let out = common::nmt(&["translate", "--model", s(&model), "--beam", "2", "--batch-size", "3"], &bytes);
+        let out = common::nmt(
+            &[
+                "translate",
+                "--model",
+                s(&model),
+                "--beam",
+                "2",
+                "--batch-size",
+                "3",
+            ],
+            &bytes,
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("panicked"), "{stderr}");
         if out.status.success() {
-            let lines = bytes.split(|&b| b == b'\n').count() - usize::from(bytes.last() == Some(&b'\n') || bytes.is_empty());
+            let lines = bytes.split(|&b| b == b'\n').count()
+                - usize::from(bytes.last() == Some(&b'\n') || bytes.is_empty());
             assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), lines);
         } else {
             assert!(stderr.contains("invalid UTF-8"), "{stderr}");

@@ -5,11 +5,12 @@
 //! elsewhere; this module only maps token ids to hidden states and logits.
 
 pub mod config;
+pub mod ops;
 pub mod weights;
 
 use crate::rng::Rng;
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 pub use config::{Activation, ModelConfig};
 use std::cell::RefCell;
 use weights::{Init, Weights};
@@ -88,10 +89,14 @@ impl Linear {
 
     /// Applies the layer to (..., in).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_act(x, false)
+    }
+
+    /// Applies the layer, then ReLU when `relu` (fused on the CPU).
+    pub fn forward_act(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let d_in = *dims.last().unwrap();
-        let x2 = x.reshape(((), d_in))?;
-        let y = x2.matmul(&self.weight.t()?)?.broadcast_add(&self.bias)?;
+        let y = ops::linear(&x.reshape(((), d_in))?, &self.weight, &self.bias, relu)?;
         let mut out = dims;
         *out.last_mut().unwrap() = self.bias.dims()[0];
         Ok(y.reshape(out)?)
@@ -114,13 +119,7 @@ impl LayerNorm {
 
     /// Normalises (..., d).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centred = x.broadcast_sub(&mean)?;
-        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centred.broadcast_div(&(var + LN_EPS)?.sqrt()?)?;
-        Ok(normed
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)?)
+        Ok(ops::layer_norm(x, &self.weight, &self.bias, LN_EPS)?)
     }
 }
 
@@ -177,11 +176,8 @@ impl Attention {
         let (b, t, d) = x.dims3()?;
         let q =
             self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)?;
-        let mut scores = q.matmul(&k.t()?)?; // (B, H, T, S)
-        if let Some(bias) = bias {
-            scores = scores.broadcast_add(bias)?;
-        }
-        let probs = drop.apply(&candle_nn::ops::softmax(&scores, D::Minus1)?, p_attn)?;
+        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
+        let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
         let ctx = probs.matmul(v)?.transpose(1, 2)?.reshape((b, t, d))?; // (B, T, d)
         self.out_proj.forward(&ctx)
     }
@@ -195,11 +191,10 @@ struct FeedForward {
 
 impl FeedForward {
     fn forward(&self, x: &Tensor, p_act: f64, drop: &Dropout) -> Result<Tensor> {
-        let h = self.fc1.forward(x)?;
         let h = match self.activation {
-            Activation::Relu => h.relu()?,
-            Activation::Gelu => h.gelu_erf()?,
-            Activation::Swish => candle_nn::ops::silu(&h)?,
+            Activation::Relu => self.fc1.forward_act(x, true)?,
+            Activation::Gelu => self.fc1.forward(x)?.gelu_erf()?,
+            Activation::Swish => candle_nn::ops::silu(&self.fc1.forward(x)?)?,
         };
         self.fc2.forward(&drop.apply(&h, p_act)?)
     }

@@ -1,7 +1,7 @@
 //! Label-smoothed cross-entropy over the real (non-pad) target positions only.
 
 use anyhow::Result;
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 
 /// Sum over the N rows of (1-ε)·(−log p[y]) + ε·mean_v(−log p[v]), as PyTorch's
 /// `cross_entropy(label_smoothing=ε)` defines it; returns (loss sum, plain NLL sum) as
@@ -11,16 +11,10 @@ pub fn label_smoothed_nll(
     labels: &Tensor,
     epsilon: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let logits = logits.to_dtype(DType::F32)?;
-    let (_, v) = logits.dims2()?;
-    let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-    let nll = logp.gather(&labels.unsqueeze(1)?, 1)?.sum_all()?.neg()?;
-    if epsilon == 0.0 {
-        return Ok((nll.clone(), nll));
-    }
-    let smooth = logp.sum_all()?.neg()?;
-    let loss = ((&nll * (1.0 - epsilon))? + (smooth * (epsilon / v as f64))?)?;
-    Ok((loss, nll))
+    let per_row =
+        crate::model::ops::smoothed_cross_entropy(&logits.to_dtype(DType::F32)?, labels, epsilon)?;
+    let sums = per_row.sum(0)?; // (2,)
+    Ok((sums.get(0)?, sums.get(1)?.detach()))
 }
 
 #[cfg(test)]

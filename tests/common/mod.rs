@@ -73,18 +73,31 @@ pub fn s(p: &Path) -> &str {
 /// A deterministic toy parallel corpus: digit sequences → English number words
 /// ("4 0 9" → "four zero nine"). Writes `{name}.src` and `{name}.tgt` into `dir`.
 pub fn toy_corpus(dir: &Path, name: &str, seed: u64, n: usize) -> (PathBuf, PathBuf) {
-    const WORDS: [&str; 10] = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"];
+    const WORDS: [&str; 10] = [
+        "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+    ];
     let mut rng = nmt::rng::Rng::new(seed);
     let (mut src, mut tgt) = (String::new(), String::new());
     for _ in 0..n {
         let len = 4 + rng.below(6);
         let digits: Vec<usize> = (0..len).map(|_| rng.below(10)).collect();
-        src += &digits.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" ");
-        tgt += &digits.iter().map(|&d| WORDS[d]).collect::<Vec<_>>().join(" ");
+        src += &digits
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        tgt += &digits
+            .iter()
+            .map(|&d| WORDS[d])
+            .collect::<Vec<_>>()
+            .join(" ");
         src.push('\n');
         tgt.push('\n');
     }
-    let (s, t) = (dir.join(format!("{name}.src")), dir.join(format!("{name}.tgt")));
+    let (s, t) = (
+        dir.join(format!("{name}.src")),
+        dir.join(format!("{name}.tgt")),
+    );
     std::fs::write(&s, src).unwrap();
     std::fs::write(&t, tgt).unwrap();
     (s, t)

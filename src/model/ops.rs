@@ -1,0 +1,744 @@
+//! Fused CPU kernels with their own backward passes for the three hot spots of training:
+//! LayerNorm, attention softmax with an additive mask, and label-smoothed cross-entropy over
+//! the vocabulary. Each replaces a chain of generic ops whose backward allocates and sweeps
+//! memory once per op. On other devices and dtypes the same functions fall back to
+//! differentiable compositions of Candle ops, so results agree everywhere.
+
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+fn fused(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let data = s.as_slice::<f32>()?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => candle_core::bail!("fused op: input is not contiguous"),
+    }
+}
+
+fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
+    let data = s.as_slice::<u32>()?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => candle_core::bail!("fused op: input is not contiguous"),
+    }
+}
+
+/// Rows per parallel task: enough work per task to amortise scheduling.
+fn rows_per_task(width: usize) -> usize {
+    (16_384 / width.max(1)).max(1)
+}
+
+// ---------------------------------------------------------------- LayerNorm
+
+struct LayerNormOp {
+    eps: f32,
+}
+
+struct LayerNormGrad {
+    eps: f32,
+}
+
+fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+impl CustomOp3 for LayerNormOp {
+    fn name(&self) -> &'static str {
+        "nmt-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let d = w.len();
+        let mut y = vec![0f32; x.len()];
+        let rows = rows_per_task(d);
+        y.par_chunks_mut(d * rows)
+            .zip(x.par_chunks(d * rows))
+            .for_each(|(yc, xc)| {
+                for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
+                    let (mean, rstd) = row_stats(xr, self.eps);
+                    for i in 0..d {
+                        yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let d = w.dim(0)?;
+        let n = x.elem_count() / d;
+        let all = x.apply_op3_no_bwd(
+            &w.contiguous()?,
+            &dy.contiguous()?,
+            &LayerNormGrad { eps: self.eps },
+        )?;
+        let dx = all.narrow(0, 0, n)?.reshape(x.shape())?;
+        let dw = all.get(n)?;
+        let db = all.get(n + 1)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+impl CustomOp3 for LayerNormGrad {
+    fn name(&self) -> &'static str {
+        "nmt-layer-norm-grad"
+    }
+
+    /// Output (N + 2, D): dx rows, then dw, then db.
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, dy) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let d = w.len();
+        let n = x.len() / d;
+        let mut out = vec![0f32; (n + 2) * d];
+        let (dx, rest) = out.split_at_mut(n * d);
+        let rows = rows_per_task(d);
+        let (dw, db) = dx
+            .par_chunks_mut(d * rows)
+            .zip(x.par_chunks(d * rows).zip(dy.par_chunks(d * rows)))
+            .map(|(dxc, (xc, dyc))| {
+                let mut dw = vec![0f32; d];
+                let mut db = vec![0f32; d];
+                let mut xhat = vec![0f32; d];
+                for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
+                    let (mean, rstd) = row_stats(xr, self.eps);
+                    let (mut s1, mut s2) = (0f32, 0f32);
+                    for i in 0..d {
+                        xhat[i] = (xr[i] - mean) * rstd;
+                        let g = dyr[i] * w[i];
+                        s1 += g;
+                        s2 += g * xhat[i];
+                        dw[i] += dyr[i] * xhat[i];
+                        db[i] += dyr[i];
+                    }
+                    let (m1, m2) = (s1 / d as f32, s2 / d as f32);
+                    for i in 0..d {
+                        dxr[i] = rstd * (dyr[i] * w[i] - m1 - xhat[i] * m2);
+                    }
+                }
+                (dw, db)
+            })
+            .reduce(
+                || (vec![0f32; d], vec![0f32; d]),
+                |(mut a, mut b), (c, e)| {
+                    a.iter_mut().zip(c).for_each(|(p, q)| *p += q);
+                    b.iter_mut().zip(e).for_each(|(p, q)| *p += q);
+                    (a, b)
+                },
+            );
+        rest[..d].copy_from_slice(&dw);
+        rest[d..].copy_from_slice(&db);
+        Ok((CpuStorage::F32(out), Shape::from((n + 2, d))))
+    }
+}
+
+/// LayerNorm over the last dimension: (x − mean) / √(var + eps) · w + b.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    if fused(x) {
+        return x
+            .contiguous()?
+            .apply_op3(w, b, LayerNormOp { eps: eps as f32 });
+    }
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let centred = x.broadcast_sub(&mean)?;
+    let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = centred.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.broadcast_mul(w)?.broadcast_add(b)
+}
+
+// ---------------------------------------------------------------- masked softmax
+
+struct MaskedSoftmax {
+    /// (B, H, T, S) of the scores and (Bb, Tb) of the bias.
+    dims: [usize; 4],
+    bias_b: usize,
+    bias_t: usize,
+}
+
+struct SoftmaxGrad;
+
+impl CustomOp2 for MaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "nmt-masked-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, bias) = (slice(s1, l1)?, slice(s2, l2)?);
+        let [_, h, t, s] = self.dims;
+        let mut y = vec![0f32; x.len()];
+        let rows = rows_per_task(s);
+        y.par_chunks_mut(s * rows)
+            .zip(x.par_chunks(s * rows))
+            .enumerate()
+            .for_each(|(c, (yc, xc))| {
+                for (k, (yr, xr)) in yc.chunks_mut(s).zip(xc.chunks(s)).enumerate() {
+                    let r = c * rows + k;
+                    let (bi, ti) = (r / (h * t), r % t);
+                    let brow = (if self.bias_b == 1 { 0 } else { bi }) * self.bias_t
+                        + if self.bias_t == 1 { 0 } else { ti };
+                    let br = &bias[brow * s..(brow + 1) * s];
+                    let mut max = f32::NEG_INFINITY;
+                    for i in 0..s {
+                        yr[i] = xr[i] + br[i];
+                        max = max.max(yr[i]);
+                    }
+                    let mut sum = 0f32;
+                    for v in yr.iter_mut() {
+                        *v = (*v - max).exp();
+                        sum += *v;
+                    }
+                    let inv = 1.0 / sum;
+                    yr.iter_mut().for_each(|v| *v *= inv);
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _bias: &Tensor,
+        y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((
+            Some(y.apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxGrad)?),
+            None,
+        ))
+    }
+}
+
+impl CustomOp2 for SoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "nmt-softmax-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (y, dy) = (slice(s1, l1)?, slice(s2, l2)?);
+        let s = l1.dims()[l1.dims().len() - 1];
+        let mut dx = vec![0f32; y.len()];
+        let rows = rows_per_task(s);
+        dx.par_chunks_mut(s * rows)
+            .zip(y.par_chunks(s * rows).zip(dy.par_chunks(s * rows)))
+            .for_each(|(dc, (yc, gc))| {
+                for ((dr, yr), gr) in dc.chunks_mut(s).zip(yc.chunks(s)).zip(gc.chunks(s)) {
+                    let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                    for i in 0..s {
+                        dr[i] = yr[i] * (gr[i] - dot);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+/// softmax(scores + bias) over the last dimension; scores (B, H, T, S), bias (B|1, 1, T|1, S)
+/// additive (0 visible, large negative hidden), or no bias.
+pub fn masked_softmax(scores: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (b, h, t, s) = scores.dims4()?;
+    if fused(scores) {
+        let zeros;
+        let bias = match bias {
+            Some(bias) => bias.contiguous()?,
+            None => {
+                zeros = Tensor::zeros((1, 1, 1, s), DType::F32, scores.device())?;
+                zeros
+            }
+        };
+        let (bb, _, bt, _) = bias.dims4()?;
+        return scores.contiguous()?.apply_op2(
+            &bias,
+            MaskedSoftmax {
+                dims: [b, h, t, s],
+                bias_b: bb,
+                bias_t: bt,
+            },
+        );
+    }
+    let x = match bias {
+        Some(bias) => scores.broadcast_add(bias)?,
+        None => scores.clone(),
+    };
+    candle_nn::ops::softmax(&x, D::Minus1)
+}
+
+// ---------------------------------------------------------------- label-smoothed cross-entropy
+
+struct SmoothedCrossEntropy {
+    epsilon: f32,
+}
+
+struct SmoothedCrossEntropyGrad {
+    epsilon: f32,
+}
+
+/// log-sum-exp of a row.
+fn logsumexp(row: &[f32]) -> f32 {
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
+}
+
+impl CustomOp2 for SmoothedCrossEntropy {
+    fn name(&self) -> &'static str {
+        "nmt-smoothed-cross-entropy"
+    }
+
+    /// Output (N, 2): per row the smoothed loss and the plain NLL.
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (logits, labels) = (slice(s1, l1)?, u32_slice(s2, l2)?);
+        let v = l1.dims()[1];
+        let n = labels.len();
+        let eps = self.epsilon;
+        let mut out = vec![0f32; 2 * n];
+        out.par_chunks_mut(2)
+            .zip(logits.par_chunks(v))
+            .zip(labels.par_iter())
+            .for_each(|((o, row), &y)| {
+                let lse = logsumexp(row);
+                let nll = lse - row[y as usize];
+                let mean_neg_logp = lse - row.iter().sum::<f32>() / v as f32;
+                o[0] = (1.0 - eps) * nll + eps * mean_neg_logp;
+                o[1] = nll;
+            });
+        Ok((CpuStorage::F32(out), Shape::from((n, 2))))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = logits.apply_op3_no_bwd(
+            labels,
+            &grad.contiguous()?,
+            &SmoothedCrossEntropyGrad {
+                epsilon: self.epsilon,
+            },
+        )?;
+        Ok((Some(g), None))
+    }
+}
+
+impl CustomOp3 for SmoothedCrossEntropyGrad {
+    fn name(&self) -> &'static str {
+        "nmt-smoothed-cross-entropy-grad"
+    }
+
+    /// d loss_i / d logits_i = g_i · (softmax − (1−ε)·onehot(y) − ε/V); only the loss column
+    /// carries gradient.
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (logits, labels, g) = (slice(s1, l1)?, u32_slice(s2, l2)?, slice(s3, l3)?);
+        let v = l1.dims()[1];
+        let eps = self.epsilon;
+        let mut dx = vec![0f32; logits.len()];
+        dx.par_chunks_mut(v)
+            .zip(logits.par_chunks(v))
+            .zip(labels.par_iter().zip(g.par_chunks(2)))
+            .for_each(|((dr, row), (&y, gi))| {
+                let lse = logsumexp(row);
+                let gi = gi[0];
+                let uniform = eps / v as f32;
+                for i in 0..v {
+                    dr[i] = gi * ((row[i] - lse).exp() - uniform);
+                }
+                dr[y as usize] -= gi * (1.0 - eps);
+            });
+        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    }
+}
+
+/// Per-row (smoothed loss, NLL) for logits (N, V) and labels (N,): (N, 2). The smoothed loss
+/// is (1−ε)·(−log p[y]) + ε·mean_v(−log p[v]), PyTorch's definition; only it has a gradient.
+pub fn smoothed_cross_entropy(logits: &Tensor, labels: &Tensor, epsilon: f64) -> Result<Tensor> {
+    if fused(logits) {
+        return logits.contiguous()?.apply_op2(
+            &labels.contiguous()?,
+            SmoothedCrossEntropy {
+                epsilon: epsilon as f32,
+            },
+        );
+    }
+    let logits = logits.to_dtype(DType::F32)?;
+    let v = logits.dim(1)?;
+    let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+    let nll = logp.gather(&labels.unsqueeze(1)?, 1)?.neg()?;
+    let smooth = (logp.sum_keepdim(1)?.neg()? / v as f64)?;
+    let loss = ((&nll * (1.0 - epsilon))? + (smooth * epsilon)?)?;
+    Tensor::cat(&[loss, nll.detach()], 1)
+}
+
+// ---------------------------------------------------------------- linear (+ ReLU)
+
+struct LinearOp {
+    relu: bool,
+}
+
+struct LinearGrad;
+
+struct ReluMask;
+
+/// dst (m×n) = [dst +] lhs (m×k) · rhs (k×n), strides in elements (row, column).
+#[allow(clippy::too_many_arguments)]
+fn gemm_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: &[f32],
+    lhs_rs: usize,
+    lhs_cs: usize,
+    rhs: &[f32],
+    rhs_rs: usize,
+    rhs_cs: usize,
+) {
+    let par = if m * n * k > 32 * 1024 {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the slices hold m×n, m×k and k×n elements at the given strides (checked by callers
+    // through the tensor shapes), and dst does not alias the inputs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+impl CustomOp3 for LinearOp {
+    fn name(&self) -> &'static str {
+        "nmt-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let (n_in, n_out) = (l2.dims()[1], l2.dims()[0]);
+        let rows = x.len() / n_in;
+        let mut y: Vec<f32> = Vec::with_capacity(rows * n_out);
+        for _ in 0..rows {
+            y.extend_from_slice(b);
+        }
+        gemm_into(rows, n_out, n_in, &mut y, true, x, n_in, 1, w, 1, n_in);
+        if self.relu {
+            y.par_chunks_mut(16_384)
+                .for_each(|c| c.iter_mut().for_each(|v| *v = v.max(0.0)));
+        }
+        Ok((CpuStorage::F32(y), Shape::from((rows, n_out))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let g = if self.relu {
+            dy.apply_op2_no_bwd(y, &ReluMask)?
+        } else {
+            dy
+        };
+        let (rows, n_in) = x.dims2()?;
+        let n_out = w.dim(0)?;
+        let all = x.apply_op3_no_bwd(w, &g, &LinearGrad)?;
+        let dx = all.narrow(0, 0, rows * n_in)?.reshape((rows, n_in))?;
+        let dw = all
+            .narrow(0, rows * n_in, n_out * n_in)?
+            .reshape((n_out, n_in))?;
+        let db = all.narrow(0, (rows + n_out) * n_in, n_out)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+impl CustomOp2 for ReluMask {
+    fn name(&self) -> &'static str {
+        "nmt-relu-mask"
+    }
+
+    /// dy where the ReLU output is positive, else 0.
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (dy, y) = (slice(s1, l1)?, slice(s2, l2)?);
+        let mut g = vec![0f32; dy.len()];
+        g.par_chunks_mut(16_384)
+            .zip(dy.par_chunks(16_384).zip(y.par_chunks(16_384)))
+            .for_each(|(gc, (dc, yc))| {
+                for ((g, d), y) in gc.iter_mut().zip(dc).zip(yc) {
+                    *g = if *y > 0.0 { *d } else { 0.0 };
+                }
+            });
+        Ok((CpuStorage::F32(g), l1.shape().clone()))
+    }
+}
+
+impl CustomOp3 for LinearGrad {
+    fn name(&self) -> &'static str {
+        "nmt-linear-grad"
+    }
+
+    /// Flat output: dx (rows×in), dW (out×in), db (out).
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, g) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let (n_out, n_in) = (l2.dims()[0], l2.dims()[1]);
+        let rows = x.len() / n_in;
+        let mut out = vec![0f32; rows * n_in + n_out * n_in + n_out];
+        let (dx, rest) = out.split_at_mut(rows * n_in);
+        let (dw, db) = rest.split_at_mut(n_out * n_in);
+        gemm_into(rows, n_in, n_out, dx, false, g, n_out, 1, w, n_in, 1);
+        gemm_into(n_out, n_in, rows, dw, false, g, 1, n_out, x, n_in, 1);
+        for row in g.chunks(n_out) {
+            db.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+        }
+        Ok((
+            CpuStorage::F32(out),
+            Shape::from(rows * n_in + n_out * n_in + n_out),
+        ))
+    }
+}
+
+/// y = x Wᵀ + b (then ReLU when `relu`), x (N, in), W (out, in), b (out) → (N, out).
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> {
+    if fused(x) {
+        return x.contiguous()?.apply_op3(w, b, LinearOp { relu });
+    }
+    let y = x.matmul(&w.t()?)?.broadcast_add(b)?;
+    if relu {
+        y.relu()
+    } else {
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn randn(shape: &[usize], seed: u64) -> Tensor {
+        let mut rng = crate::rng::Rng::new(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| crate::model::weights::normal(&mut rng) as f32)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    /// Values and gradients of a fused op equal those of the composite fallback (run on the
+    /// same inputs converted to f64, which takes the composite path).
+    fn check(f: impl Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], weights: &Tensor) {
+        let run = |dtype: DType| {
+            let vars: Vec<Var> = inputs
+                .iter()
+                .map(|t| Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap())
+                .collect();
+            let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+            let y = f(&ts);
+            let loss = (y.to_dtype(DType::F32).unwrap() * weights)
+                .unwrap()
+                .sum_all()
+                .unwrap();
+            let grads = loss.backward().unwrap();
+            let g: Vec<Tensor> = vars
+                .iter()
+                .map(|v| {
+                    grads
+                        .get(v.as_tensor())
+                        .unwrap()
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                })
+                .collect();
+            (y.to_dtype(DType::F32).unwrap(), g)
+        };
+        let (y1, g1) = run(DType::F32);
+        let (y2, g2) = run(DType::F64);
+        assert!(
+            max_diff(&y1, &y2) < 1e-4,
+            "values differ by {}",
+            max_diff(&y1, &y2)
+        );
+        for (a, b) in g1.iter().zip(&g2) {
+            assert!(
+                max_diff(a, b) < 1e-4,
+                "gradients differ by {}",
+                max_diff(a, b)
+            );
+        }
+    }
+
+    #[test]
+    fn layer_norm_matches_the_composite() {
+        let (x, w, b) = (randn(&[3, 5, 8], 1), randn(&[8], 2), randn(&[8], 3));
+        check(
+            |t| layer_norm(&t[0], &t[1], &t[2], 1e-5).unwrap(),
+            &[x, w, b],
+            &randn(&[3, 5, 8], 4),
+        );
+    }
+
+    #[test]
+    fn masked_softmax_matches_the_composite() {
+        let mut bias = vec![0f32; 2 * 6];
+        bias[5] = -1e9;
+        bias[10] = -1e9;
+        let bias = Tensor::from_vec(bias, (2, 1, 1, 6), &Device::Cpu).unwrap();
+        let x = randn(&[2, 3, 4, 6], 5);
+        let wts = randn(&[2, 3, 4, 6], 6);
+        check(
+            |t| masked_softmax(&t[0], Some(&bias.to_dtype(t[0].dtype()).unwrap())).unwrap(),
+            std::slice::from_ref(&x),
+            &wts,
+        );
+        let causal = Tensor::from_vec(
+            (0..24)
+                .map(|i| if i % 6 > i / 6 { -1e9f32 } else { 0.0 })
+                .collect::<Vec<_>>(),
+            (1, 1, 4, 6),
+            &Device::Cpu,
+        )
+        .unwrap();
+        check(
+            |t| masked_softmax(&t[0], Some(&causal.to_dtype(t[0].dtype()).unwrap())).unwrap(),
+            std::slice::from_ref(&x),
+            &wts,
+        );
+        check(|t| masked_softmax(&t[0], None).unwrap(), &[x], &wts);
+    }
+
+    #[test]
+    fn linear_matches_the_composite() {
+        let (x, w, b) = (randn(&[9, 6], 11), randn(&[5, 6], 12), randn(&[5], 13));
+        for relu in [false, true] {
+            check(
+                |t| linear(&t[0], &t[1], &t[2], relu).unwrap(),
+                &[x.clone(), w.clone(), b.clone()],
+                &randn(&[9, 5], 14),
+            );
+        }
+    }
+
+    #[test]
+    fn smoothed_cross_entropy_matches_the_composite() {
+        let logits = randn(&[7, 11], 7);
+        let labels = Tensor::new(&[0u32, 3, 10, 5, 5, 1, 9], &Device::Cpu).unwrap();
+        let w = Tensor::new(&[[1f32, 0.0]; 7], &Device::Cpu).unwrap();
+        check(
+            |t| smoothed_cross_entropy(&t[0], &labels, 0.1).unwrap(),
+            &[logits],
+            &w,
+        );
+    }
+}
