@@ -6,6 +6,9 @@ use nmt::model::weights::Weights;
 use nmt::model::{ModelConfig, Seq2Seq};
 use std::path::Path;
 
+mod common;
+use common::max_rel_diff;
+
 fn fixture(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -16,26 +19,6 @@ fn ids(v: &serde_json::Value) -> Tensor {
     let rows: Vec<Vec<u32>> = serde_json::from_value(v.clone()).unwrap();
     let (b, t) = (rows.len(), rows[0].len());
     Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap()
-}
-
-/// max |ours − theirs| / max |theirs|
-pub fn max_rel_diff(ours: &Tensor, theirs: &Tensor) -> f32 {
-    let diff = (ours - theirs)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let scale = theirs
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    diff / scale
 }
 
 #[test]

@@ -39,22 +39,8 @@ fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
         .unwrap();
     let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
     let want = Tensor::new(want, &Device::Cpu).unwrap();
-    let diff = (&got - &want)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let scale = want
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    assert!(diff / scale < 1e-4, "relative difference {}", diff / scale);
+    let rel = common::max_rel_diff(&got, &want);
+    assert!(rel < 1e-4, "relative difference {rel}");
 }
 
 #[test]

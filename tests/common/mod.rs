@@ -1,6 +1,7 @@
 //! Helpers shared by the end-to-end tests: run the built binary, find Multi30k.
 #![allow(dead_code)]
 
+use candle_core::Tensor;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -101,4 +102,24 @@ pub fn toy_corpus(dir: &Path, name: &str, seed: u64, n: usize) -> (PathBuf, Path
     std::fs::write(&s, src).unwrap();
     std::fs::write(&t, tgt).unwrap();
     (s, t)
+}
+
+/// max |ours − theirs| / max |theirs|
+pub fn max_rel_diff(ours: &Tensor, theirs: &Tensor) -> f32 {
+    let diff = (ours - theirs)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let scale = theirs
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    diff / scale
 }

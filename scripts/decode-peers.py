@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Decode sentences with transformers' generate and CTranslate2 on one HF Marian folder.
+
+    decode-peers.py MODEL_DIR SOURCES OUT_DIR [--threads 2] [--batch 64] [--max-new-tokens 128]
+
+Writes OUT_DIR/{hf,ct2}.beam{1,5}.txt and prints one JSON line with sentences/s of each. Used by
+scripts/bench-translate.sh; needs torch, transformers, tokenizers and ctranslate2.
+"""
+import argparse, json, os, subprocess, sys, time
+
+import torch
+from tokenizers import Tokenizer
+from transformers import MarianMTModel
+
+ap = argparse.ArgumentParser()
+ap.add_argument("model"); ap.add_argument("sources"); ap.add_argument("out")
+ap.add_argument("--threads", type=int, default=2); ap.add_argument("--batch", type=int, default=64)
+ap.add_argument("--max-new-tokens", type=int, default=128)
+a = ap.parse_args()
+torch.set_num_threads(a.threads)
+os.makedirs(a.out, exist_ok=True)
+tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
+model = MarianMTModel.from_pretrained(a.model).eval()
+pad, eos = model.config.pad_token_id, model.config.eos_token_id
+lines = [l.rstrip("\n") for l in open(a.sources, encoding="utf-8")]
+ids = [e.ids + [eos] for e in tok.encode_batch(lines, add_special_tokens=False)]
+res = {}
+for beams in (1, 5):
+    outs, t = [], time.time()
+    with torch.no_grad():
+        for i in range(0, len(ids), a.batch):
+            chunk = ids[i:i + a.batch]
+            x = torch.tensor([s + [pad] * (max(map(len, chunk)) - len(s)) for s in chunk])
+            g = model.generate(input_ids=x, attention_mask=(x != pad), num_beams=beams, do_sample=False,
+                               max_new_tokens=a.max_new_tokens, bad_words_ids=[[pad]])
+            outs += tok.decode_batch(g.tolist(), skip_special_tokens=True)
+    res[f"hf_beam{beams}_sent_per_s"] = round(len(outs) / (time.time() - t), 1)
+    open(os.path.join(a.out, f"hf.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
+try:
+    import ctranslate2
+    ct2dir = os.path.join(a.out, "ct2-model")
+    conv = os.path.join(os.path.dirname(sys.executable), "ct2-transformers-converter")
+    subprocess.run([conv, "--model", a.model, "--output_dir", ct2dir, "--force"], check=True, capture_output=True)
+    tr = ctranslate2.Translator(ct2dir, device="cpu", inter_threads=1, intra_threads=a.threads)
+    src_toks = [tok.encode(s, add_special_tokens=False).tokens + ["</s>"] for s in lines]
+    for beams in (1, 5):
+        t = time.time()
+        r = tr.translate_batch(src_toks, beam_size=beams, max_batch_size=a.batch, max_decoding_length=a.max_new_tokens)
+        s = time.time() - t
+        outs = [tok.decode([tok.token_to_id(x) for x in o.hypotheses[0]], skip_special_tokens=True) for o in r]
+        res[f"ct2_beam{beams}_sent_per_s"] = round(len(outs) / s, 1)
+        open(os.path.join(a.out, f"ct2.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
+except Exception as e:  # keep the transformers figures
+    res["ct2_error"] = repr(e)[:300]
+print(json.dumps(res))
