@@ -6,7 +6,7 @@ use crate::data::tokenizer::SubwordTokenizer;
 use crate::model::weights::Weights;
 use crate::model::{ModelConfig, Seq2Seq};
 use crate::train::checkpoint::resolve_model_dir;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 
@@ -33,7 +33,87 @@ pub fn resolve(spec: &str) -> Result<PathBuf> {
         }
         return Ok(dir);
     }
-    bail!("{spec}: no such model folder")
+    if !looks_like_repo_id(spec) {
+        bail!("{spec}: no such model folder (nor a Hub repo id like org/name)");
+    }
+    from_hub(spec)
+}
+
+fn looks_like_repo_id(spec: &str) -> bool {
+    let id = spec.split('@').next().unwrap_or("");
+    let parts: Vec<&str> = id.split('/').collect();
+    parts.len() == 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+        && !spec.starts_with('.')
+}
+
+/// The files a model needs from a repo.
+const MODEL_FILES: &[&str] = &["config.json", "model.safetensors", "tokenizer.json"];
+
+/// The standard Hugging Face cache folder: $HF_HUB_CACHE, $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub,
+/// or ~/.cache/huggingface/hub.
+pub fn hub_cache_dir() -> PathBuf {
+    for var in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"] {
+        if let Some(dir) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            return PathBuf::from(dir);
+        }
+    }
+    if let Some(home) = std::env::var_os("HF_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(home).join("hub");
+    }
+    hf_hub::Cache::default().path().clone()
+}
+
+/// Whether HF_HUB_OFFLINE asks for no network access.
+pub fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+}
+
+/// Fetches (or, offline, finds in the cache) a model repo `org/name[@revision]`; returns the
+/// snapshot folder holding its files.
+fn from_hub(spec: &str) -> Result<PathBuf> {
+    let (id, revision) = match spec.split_once('@') {
+        Some((id, rev)) => (id, rev.to_string()),
+        None => (spec, "main".to_string()),
+    };
+    let cache = hf_hub::Cache::new(hub_cache_dir());
+    let repo =
+        hf_hub::Repo::with_revision(id.to_string(), hf_hub::RepoType::Model, revision.clone());
+    let mut dir = None;
+    if offline() {
+        let cached = cache.repo(repo);
+        for f in MODEL_FILES {
+            let p = cached.get(f).ok_or_else(|| {
+                anyhow!(
+                    "{spec}: {f} is not in the Hugging Face cache at {} and HF_HUB_OFFLINE is set",
+                    cache.path().display()
+                )
+            })?;
+            dir = p.parent().map(Path::to_path_buf);
+        }
+    } else {
+        let api = hf_hub::api::sync::ApiBuilder::from_cache(cache)
+            .with_progress(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .build()
+            .map_err(|e| anyhow!("{spec}: cannot reach the Hugging Face Hub: {e}"))?;
+        let repo = api.repo(repo);
+        for f in MODEL_FILES {
+            let p = repo.get(f).map_err(|e| match *f {
+                "tokenizer.json" => anyhow!(
+                    "{spec}: no tokenizer.json in the repo ({e}); SentencePiece-only models (OPUS-MT source.spm/target.spm) are not supported yet"
+                ),
+                "model.safetensors" => anyhow!("{spec}: no model.safetensors in the repo ({e}); only safetensors weights are read"),
+                _ => anyhow!("{spec}: cannot fetch {f}: {e}"),
+            })?;
+            dir = p.parent().map(Path::to_path_buf);
+        }
+    }
+    dir.ok_or_else(|| anyhow!("{spec}: empty repo"))
 }
 
 /// Loads model and tokenizer from a resolved folder.

@@ -190,3 +190,35 @@ fn translate_input_path_never_panics() {
         }
     }
 }
+
+/// A repo id resolves through the standard Hugging Face cache layout, without network when
+/// HF_HUB_OFFLINE=1.
+#[test]
+fn a_hub_repo_id_loads_from_the_cache_offline() {
+    let cache = tempfile::tempdir().unwrap();
+    let repo = cache.path().join("models--nmt-tests--toy");
+    let snapshot = repo.join("snapshots/0123456789abcdef");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123456789abcdef").unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(toy().join(f), snapshot.join(f)).unwrap();
+    }
+    let env = [("HF_HUB_CACHE", s(cache.path())), ("HF_HUB_OFFLINE", "1")];
+    let local = nmt_ok(&["translate", "--model", s(&toy())], b"1 2 3\n");
+    let out = common::nmt_env(&["translate", "--model", "nmt-tests/toy"], b"1 2 3\n", &env);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), local);
+    let out = common::nmt_env(&["translate", "--model", "nmt-tests/missing"], b"1\n", &env);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("not in the Hugging Face cache")
+            && err.contains("HF_HUB_OFFLINE"),
+        "{err}"
+    );
+}

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod loss;
 pub mod optim;
+pub mod plot;
 pub mod schedule;
 
 use crate::data::batch::{encode_pairs, epoch_order, make_batches, Batch, Example};
@@ -443,6 +444,7 @@ fn train_loop(
     let pad = tr.tok.pad_id;
     let mut outcome = Outcome::Finished;
     let mut last_saved = job.resume.then_some(state.step);
+    let warned_font = std::cell::Cell::new(false);
     let save_and_validate = |tr: &Trainer,
                              state: &mut TrainerState,
                              log: &mut MetricsLog|
@@ -475,6 +477,13 @@ fn train_loop(
                 eprintln!("{msg}")
             }
             log.write(json!({"step": state.step, "val_loss": v.loss, "val_ppl": v.loss.exp(), "val_bleu": v.bleu, "elapsed": elapsed0 + start.elapsed().as_secs_f64()}))?;
+            if !plot::learning_curve(&out.join("metrics.jsonl"), &out.join("learning-curve.png"))?
+                && !warned_font.replace(true)
+            {
+                eprintln!(
+                    "note: no font found for learning-curve.png (set NMT_PLOT_FONT to a .ttf file)"
+                );
+            }
         }
         state.elapsed_s = elapsed0 + start.elapsed().as_secs_f64();
         tr.save(&dir, state)?;

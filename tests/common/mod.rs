@@ -8,8 +8,14 @@ use std::process::{Command, Output, Stdio};
 
 /// Runs `nmt` with `args`, feeding `stdin`.
 pub fn nmt(args: &[&str], stdin: &[u8]) -> Output {
+    nmt_env(args, stdin, &[])
+}
+
+/// Runs `nmt` with `args` and extra environment variables, feeding `stdin`.
+pub fn nmt_env(args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_nmt"))
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
