@@ -91,8 +91,17 @@ pub struct EvalArgs {
     #[arg(long = "ref", required = true, value_name = "FILE")]
     pub refs: Vec<PathBuf>,
     /// Hypotheses file; read from stdin when absent.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "model")]
     pub hyp: Option<PathBuf>,
+    /// Translate --src with this model (beam 5) and score the translations.
+    #[arg(long, value_name = "MODEL", requires = "src")]
+    pub model: Option<String>,
+    /// Source file translated with --model.
+    #[arg(long, value_name = "FILE", requires = "model")]
+    pub src: Option<PathBuf>,
+    /// Beam size when translating with --model.
+    #[arg(long, default_value_t = 5)]
+    pub beam: usize,
     /// Metrics to compute, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "bleu")]
     pub metrics: Vec<MetricName>,

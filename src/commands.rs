@@ -143,6 +143,32 @@ fn read_hypotheses(path: Option<&Path>) -> Result<Corpus> {
     Ok(c)
 }
 
+/// Translates a whole file with a model (`nmt eval --model --src`).
+fn translate_file(model: &str, src: &Path, beam: usize) -> Result<Corpus> {
+    let source = read_corpus(src)?;
+    let loaded = crate::hub::load(&crate::hub::resolve(model)?, &Device::Cpu, DType::F32)?;
+    let opts = crate::translate::SearchOptions {
+        beam: beam.max(1),
+        length_penalty: 1.0,
+        gnmt: false,
+        nbest: 1,
+        max_len_a: 1.5,
+        max_len_b: 10,
+    };
+    let mut lines = Vec::with_capacity(source.lines.len());
+    for (i, chunk) in source.lines.chunks(64).enumerate() {
+        for t in crate::translate::translate_batch(&loaded, chunk, i * 64 + 1, &opts)? {
+            lines.push(py_rstrip(&t.hypotheses[0].0).to_string());
+        }
+    }
+    let empty = lines.iter().filter(|l| l.is_empty()).count();
+    Ok(Corpus {
+        path: PathBuf::from(format!("{model} on {}", src.display())),
+        lines,
+        empty,
+    })
+}
+
 fn eval_metrics(args: &EvalArgs, sentence: bool) -> Vec<Metric> {
     let mut metrics: Vec<MetricName> = args.metrics.clone();
     metrics.dedup();
@@ -173,7 +199,10 @@ pub fn eval(args: EvalArgs) -> Result<()> {
     if args.bootstrap_samples < 2 {
         bail!("--bootstrap-samples must be at least 2");
     }
-    let hyps = read_hypotheses(args.hyp.as_deref())?;
+    let hyps = match (&args.model, &args.src) {
+        (Some(model), Some(src)) => translate_file(model, src, args.beam)?,
+        _ => read_hypotheses(args.hyp.as_deref())?,
+    };
     let refs = args
         .refs
         .iter()

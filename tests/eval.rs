@@ -324,3 +324,30 @@ fn eval_bad_input_is_a_clear_error() {
     let err = nmt_err(&["eval", "--ref", s(&dir.path().join("nope"))], b"a\nb\n");
     assert!(err.contains("nope: cannot open"), "{err}");
 }
+
+/// `--model --src` translates and scores in one go, the same as translate piped into eval.
+#[test]
+fn eval_translates_with_a_model_and_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nmt-toy");
+    let src = model.join("sources.txt");
+    let hyp = nmt_ok(
+        &["translate", "--model", s(&model), "--beam", "5"],
+        &std::fs::read(&src).unwrap(),
+    );
+    let refs = dir.path().join("ref.txt");
+    std::fs::write(&refs, &hyp).unwrap();
+    let out = nmt_ok(
+        &[
+            "eval",
+            "--model",
+            s(&model),
+            "--src",
+            s(&src),
+            "--ref",
+            s(&refs),
+        ],
+        b"",
+    );
+    assert!(out.starts_with("BLEU = 100.00"), "{out}");
+}

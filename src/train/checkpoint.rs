@@ -93,6 +93,19 @@ impl Checkpoint<'_> {
             )?;
             save_safetensors(&self.tensors, &tmp.join("model.safetensors"))?;
             self.tokenizer.save(&tmp.join("tokenizer.json"))?;
+            // Without it transformers' AutoTokenizer (and converters built on it, such as
+            // CTranslate2's) would look for Marian's SentencePiece files.
+            let tokenizer_config = serde_json::json!({
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": crate::data::tokenizer::EOS,
+                "unk_token": crate::data::tokenizer::UNK,
+                "pad_token": crate::data::tokenizer::PAD,
+                "model_max_length": self.config.max_position_embeddings,
+            });
+            crate::io::write_atomic(
+                &tmp.join("tokenizer_config.json"),
+                serde_json::to_string_pretty(&tokenizer_config)?.as_bytes(),
+            )?;
             if let Some(opt) = &self.optimizer {
                 save_safetensors(opt, &tmp.join("optimizer.safetensors"))?;
             }
