@@ -240,3 +240,33 @@ fn multi30k_round_trip_is_exact() {
         }
     }
 }
+
+#[test]
+fn empty_lines_are_counted_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = small_corpus(dir.path());
+    let with_empty = dir.path().join("with-empty.txt");
+    std::fs::write(&with_empty, "one line\n\n  \nanother\n").unwrap();
+    let tok = dir.path().join("tok.json");
+    let out = common::nmt(
+        &[
+            "tokenize",
+            "train",
+            "--input",
+            s(&corpus),
+            "--input",
+            s(&with_empty),
+            "--vocab-size",
+            "320",
+            "--output",
+            s(&tok),
+        ],
+        b"",
+    );
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("with-empty.txt: 2 of 4 lines are empty"),
+        "{stderr}"
+    );
+}

@@ -13,6 +13,7 @@ pub struct LineReader {
     path: PathBuf,
     reader: Box<dyn BufRead + Send>,
     line_no: usize,
+    empty: usize,
     offset: u64,
     buf: Vec<u8>,
 }
@@ -52,6 +53,7 @@ impl LineReader {
             path: path.to_path_buf(),
             reader,
             line_no: 0,
+            empty: 0,
             offset: 0,
             buf: Vec::new(),
         }
@@ -60,6 +62,16 @@ impl LineReader {
     /// The number of lines returned so far.
     pub fn line_no(&self) -> usize {
         self.line_no
+    }
+
+    /// How many of them were empty (or only whitespace).
+    pub fn empty_lines(&self) -> usize {
+        self.empty
+    }
+
+    /// The file this reader reads.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The next line without its `\n` or `\r\n`, or `None` at the end of the file.
@@ -88,7 +100,12 @@ impl LineReader {
             }
         }
         match std::str::from_utf8(&self.buf) {
-            Ok(s) => Ok(Some(s.to_owned())),
+            Ok(s) => {
+                if s.trim().is_empty() {
+                    self.empty += 1;
+                }
+                Ok(Some(s.to_owned()))
+            }
             Err(e) => bail!(
                 "{}:{}: invalid UTF-8 at byte offset {} (byte {} of the line)",
                 self.path.display(),
@@ -120,19 +137,15 @@ pub struct Corpus {
 
 /// Reads a whole corpus file.
 pub fn read_corpus(path: &Path) -> Result<Corpus> {
+    let mut reader = LineReader::open(path)?;
     let mut lines = Vec::new();
-    let mut empty = 0;
-    for line in LineReader::open(path)? {
-        let line = line?;
-        if line.trim().is_empty() {
-            empty += 1;
-        }
+    while let Some(line) = reader.next_line()? {
         lines.push(line);
     }
     Ok(Corpus {
         path: path.to_path_buf(),
         lines,
-        empty,
+        empty: reader.empty_lines(),
     })
 }
 

@@ -156,6 +156,16 @@ pub fn train(inputs: &[PathBuf], opts: &TrainOptions) -> Result<SubwordTokenizer
     if let Some(e) = failure.into_inner().unwrap() {
         return Err(e);
     }
+    for r in &readers {
+        if r.empty_lines() > 0 {
+            eprintln!(
+                "note: {}: {} of {} lines are empty",
+                r.path().display(),
+                r.empty_lines(),
+                r.line_no()
+            );
+        }
+    }
     let got = tok.get_vocab_size(false);
     if got > trained_size {
         bail!(
