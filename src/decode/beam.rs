@@ -170,13 +170,18 @@ pub fn beam_search(
             still.push(i);
         }
         cur_len += 1;
+        let n_before = active.len();
         active = still;
         if active.is_empty() {
             break;
         }
         let rows = Tensor::new(next_rows.as_slice(), model.device())?;
-        cache = cache.select(&rows)?;
-        bias = bias.index_select(&rows, 0)?;
+        if active.len() == n_before {
+            cache = cache.reorder_beams(&rows)?;
+        } else {
+            cache = cache.select(&rows)?;
+            bias = bias.index_select(&rows, 0)?;
+        }
         tokens = Tensor::from_vec(next_tokens, (active.len() * k, 1), model.device())?;
     }
     Ok(sents

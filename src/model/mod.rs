@@ -176,9 +176,21 @@ impl Attention {
         let (b, t, d) = x.dims3()?;
         let q =
             self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)?;
-        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
-        let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
-        let ctx = probs.matmul(v)?.transpose(1, 2)?.reshape((b, t, d))?; // (B, T, d)
+        // Decoding (no dropout, one query): a fused kernel; otherwise the differentiable path.
+        let fast = if drop.is_on() {
+            None
+        } else {
+            ops::attend_one(&q, k, v, bias)?
+        };
+        let ctx = match fast {
+            Some(ctx) => ctx,
+            None => {
+                let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
+                let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
+                probs.matmul(v)?
+            }
+        };
+        let ctx = ctx.transpose(1, 2)?.reshape((b, t, d))?; // (B, T, d)
         self.out_proj.forward(&ctx)
     }
 }
@@ -250,6 +262,28 @@ pub struct DecoderCache {
 }
 
 impl DecoderCache {
+    /// Reorders only the self-attention caches to `rows`: enough for beam reordering when no
+    /// sentence left the batch, since all beams of a sentence share its cross-attention K/V.
+    pub fn reorder_beams(&self, rows: &Tensor) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(LayerCache {
+                    self_kv: match &l.self_kv {
+                        Some((k, v)) => Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?)),
+                        None => None,
+                    },
+                    cross_kv: l.cross_kv.clone(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            layers,
+            len: self.len,
+        })
+    }
+
     /// Keeps (and reorders) the batch rows `rows`: beam reordering and pruning finished
     /// sentences.
     pub fn select(&self, rows: &Tensor) -> Result<Self> {

@@ -609,6 +609,94 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> 
     }
 }
 
+// ---------------------------------------------------------------- single-query attention
+
+struct AttendOne {
+    heads: usize,
+    /// Additive key bias per batch row, (B, S) flattened; empty for none.
+    bias: Vec<f32>,
+}
+
+impl CustomOp3 for AttendOne {
+    fn name(&self) -> &'static str {
+        "nmt-attend-one"
+    }
+
+    /// q (B, H, 1, d), k and v (B, H, S, d) → softmax(q·kᵀ + bias)·v, (B, H, 1, d).
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let dims = l2.dims();
+        let (s, d) = (dims[2], dims[3]);
+        let mut out = vec![0f32; q.len()];
+        out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
+            let qr = &q[r * d..(r + 1) * d];
+            let kr = &k[r * s * d..(r + 1) * s * d];
+            let vr = &v[r * s * d..(r + 1) * s * d];
+            let bias = if self.bias.is_empty() {
+                None
+            } else {
+                Some(&self.bias[(r / self.heads) * s..(r / self.heads + 1) * s])
+            };
+            let mut scores: Vec<f32> = kr
+                .chunks(d)
+                .map(|kk| kk.iter().zip(qr).map(|(a, b)| a * b).sum::<f32>())
+                .collect();
+            if let Some(b) = bias {
+                scores.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+            }
+            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            scores.iter_mut().for_each(|x| {
+                *x = (*x - max).exp();
+                sum += *x;
+            });
+            for (p, vv) in scores.iter().zip(vr.chunks(d)) {
+                let w = p / sum;
+                o.iter_mut().zip(vv).for_each(|(a, b)| *a += w * b);
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+/// Attention of one query position per row, for incremental decoding (no gradient): q
+/// (B, H, 1, d) already scaled, k and v (B, H, S, d), bias (B|1, 1, 1, S) or none. `None` when
+/// this device or dtype has no fused kernel; the caller then uses the general path.
+pub fn attend_one(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    if !fused(q) || q.dim(2)? != 1 {
+        return Ok(None);
+    }
+    let (b, h, _, _) = q.dims4()?;
+    let s = k.dim(2)?;
+    let bias = match bias {
+        Some(t) if t.dims4()?.0 == b && t.dims4()?.2 == 1 => t.flatten_all()?.to_vec1::<f32>()?,
+        Some(t) if t.dims4()?.0 == 1 && t.dims4()?.2 == 1 => {
+            t.flatten_all()?.to_vec1::<f32>()?.repeat(b)
+        }
+        Some(_) => return Ok(None),
+        None => Vec::new(),
+    };
+    debug_assert!(bias.is_empty() || bias.len() == b * s);
+    Ok(Some(q.contiguous()?.apply_op3_no_bwd(
+        &k.contiguous()?,
+        &v.contiguous()?,
+        &AttendOne { heads: h, bias },
+    )?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
