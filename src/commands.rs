@@ -209,15 +209,7 @@ pub fn eval(args: EvalArgs) -> Result<()> {
         .map(|p| read_scored(p))
         .collect::<Result<Vec<_>>>()?;
     for r in &refs {
-        if r.lines.len() != hyps.lines.len() {
-            bail!(
-                "{} has {} lines but {} has {}: hypotheses and references must align line by line",
-                hyps.path.display(),
-                hyps.lines.len(),
-                r.path.display(),
-                r.lines.len()
-            );
-        }
+        hyps.check_aligned(r, "hypotheses and references must align line by line")?;
     }
     let ref_lines: Vec<Vec<String>> = refs.into_iter().map(|r| r.lines).collect();
     let metrics = eval_metrics(&args, args.sentence);
@@ -229,15 +221,7 @@ pub fn eval(args: EvalArgs) -> Result<()> {
     let w = args.width;
     if let Some(other) = &args.paired_bs {
         let sys = read_scored(other)?;
-        if sys.lines.len() != hyps.lines.len() {
-            bail!(
-                "{} has {} lines but {} has {}",
-                hyps.path.display(),
-                hyps.lines.len(),
-                sys.path.display(),
-                sys.lines.len()
-            );
-        }
+        hyps.check_aligned(&sys, "the two systems must align line by line")?;
         let mut results = Vec::new();
         for m in &metrics {
             let base = m.corpus_stats(&hyps.lines, &ref_lines);

@@ -153,19 +153,25 @@ pub fn read_corpus(path: &Path) -> Result<Corpus> {
 pub fn read_parallel(src: &Path, tgt: &Path) -> Result<(Corpus, Corpus)> {
     let s = read_corpus(src)?;
     let t = read_corpus(tgt)?;
-    if s.lines.len() != t.lines.len() {
-        bail!(
-            "parallel files differ in length: {} has {} lines, {} has {} lines",
-            src.display(),
-            s.lines.len(),
-            tgt.display(),
-            t.lines.len()
-        );
-    }
+    s.check_aligned(&t, "parallel files must align line by line")?;
     Ok((s, t))
 }
 
 impl Corpus {
+    /// Fails, naming both files and their line counts, unless `other` has as many lines.
+    pub fn check_aligned(&self, other: &Corpus, why: &str) -> Result<()> {
+        if self.lines.len() != other.lines.len() {
+            bail!(
+                "{} has {} lines but {} has {} lines: {why}",
+                self.path.display(),
+                self.lines.len(),
+                other.path.display(),
+                other.lines.len()
+            );
+        }
+        Ok(())
+    }
+
     /// A one-line note for stderr when the corpus has empty lines, `None` otherwise.
     pub fn empty_note(&self) -> Option<String> {
         (self.empty > 0).then(|| {

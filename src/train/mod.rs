@@ -171,7 +171,7 @@ impl Trainer<'_> {
         &self,
         valid: &[Example],
         sources: &[String],
-        refs: &[String],
+        refs: &[Vec<String>],
     ) -> Result<Validation> {
         let drop = Dropout::off();
         let (mut nll, mut n) = (0f64, 0usize);
@@ -192,7 +192,7 @@ impl Trainer<'_> {
         }
         let hyps = translate_greedy(&self.model, &self.tok, sources)?;
         let metric = Metric::Bleu(Bleu::default());
-        let stats = metric.corpus_stats(&hyps, std::slice::from_ref(&refs.to_vec()));
+        let stats = metric.corpus_stats(&hyps, refs);
         Ok(Validation {
             loss: nll / n.max(1) as f64,
             bleu: metric.report(&stats, 1, None).score,
@@ -332,7 +332,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         Some((vs, vt)) => {
             let (s, t) = load_corpus_pair(vs, vt)?;
             let (ex, _) = encode_pairs(&tok, &s.lines, &t.lines, cfg.max_positions)?;
-            Some((ex, s.lines, t.lines))
+            Some((ex, s.lines, vec![t.lines]))
         }
         None => None,
     };
@@ -413,7 +413,8 @@ fn prune_checkpoints(out: &Path, keep: usize, best_step: Option<usize>) -> Resul
     Ok(())
 }
 
-type ValidSet = (Vec<Example>, Vec<String>, Vec<String>);
+/// Validation examples, source lines, and the reference lines (one reference set).
+type ValidSet = (Vec<Example>, Vec<String>, Vec<Vec<String>>);
 
 fn train_loop(
     tr: &mut Trainer,

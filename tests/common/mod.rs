@@ -112,20 +112,13 @@ pub fn toy_corpus(dir: &Path, name: &str, seed: u64, n: usize) -> (PathBuf, Path
 
 /// max |ours − theirs| / max |theirs|
 pub fn max_rel_diff(ours: &Tensor, theirs: &Tensor) -> f32 {
-    let diff = (ours - theirs)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let scale = theirs
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    diff / scale
+    let max_abs = |t: &Tensor| {
+        t.abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    max_abs(&(ours - theirs).unwrap()) / max_abs(theirs)
 }
