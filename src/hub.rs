@@ -2,6 +2,7 @@
 //! Hugging Face Hub repo id fetched into the standard HF cache (offline with HF_HUB_OFFLINE=1).
 //! Loading the resolved folder into a model and tokenizer is also here.
 
+use crate::data::opus;
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::model::weights::Weights;
 use crate::model::{ModelConfig, Seq2Seq};
@@ -51,8 +52,17 @@ fn looks_like_repo_id(spec: &str) -> bool {
         && !spec.starts_with('.')
 }
 
-/// The files a model needs from a repo.
-const MODEL_FILES: &[&str] = &["config.json", "model.safetensors", "tokenizer.json"];
+/// Weight files we read, in order of preference.
+const WEIGHT_FILES: &[&str] = &["model.safetensors", "pytorch_model.bin"];
+
+/// The weights file of a model folder.
+pub fn weights_file(dir: &Path) -> PathBuf {
+    WEIGHT_FILES
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| dir.join(WEIGHT_FILES[0]))
+}
 
 /// The standard Hugging Face cache folder: $HF_HUB_CACHE, $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub,
 /// or ~/.cache/huggingface/hub.
@@ -74,6 +84,9 @@ pub fn offline() -> bool {
         .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
 }
 
+/// Fetches one file of a repo, or says why it could not.
+type Fetch = dyn Fn(&str) -> Result<PathBuf, String>;
+
 /// Fetches (or, offline, finds in the cache) a model repo `org/name[@revision]`; returns the
 /// snapshot folder holding its files.
 fn from_hub(spec: &str) -> Result<PathBuf> {
@@ -82,55 +95,66 @@ fn from_hub(spec: &str) -> Result<PathBuf> {
         None => (spec, "main".to_string()),
     };
     let cache = hf_hub::Cache::new(hub_cache_dir());
-    let repo =
-        hf_hub::Repo::with_revision(id.to_string(), hf_hub::RepoType::Model, revision.clone());
-    let mut dir = None;
-    if offline() {
+    let repo = hf_hub::Repo::with_revision(id.to_string(), hf_hub::RepoType::Model, revision);
+    let fetch: Box<Fetch> = if offline() {
         let cached = cache.repo(repo);
-        for f in MODEL_FILES {
-            let p = cached.get(f).ok_or_else(|| {
-                anyhow!(
-                    "{spec}: {f} is not in the Hugging Face cache at {} and HF_HUB_OFFLINE is set",
-                    cache.path().display()
-                )
-            })?;
-            dir = p.parent().map(Path::to_path_buf);
-        }
+        let at = cache.path().display().to_string();
+        Box::new(move |f| {
+            cached.get(f).ok_or_else(|| {
+                format!("not in the Hugging Face cache at {at} and HF_HUB_OFFLINE is set")
+            })
+        })
     } else {
         let api = hf_hub::api::sync::ApiBuilder::from_cache(cache)
             .with_progress(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .build()
             .map_err(|e| anyhow!("{spec}: cannot reach the Hugging Face Hub: {e}"))?;
         let repo = api.repo(repo);
-        for f in MODEL_FILES {
-            let p = repo.get(f).map_err(|e| match *f {
-                "tokenizer.json" => anyhow!(
-                    "{spec}: no tokenizer.json in the repo ({e}); SentencePiece-only models (OPUS-MT source.spm/target.spm) are not supported yet"
-                ),
-                "model.safetensors" => anyhow!("{spec}: no model.safetensors in the repo ({e}); only safetensors weights are read"),
-                _ => anyhow!("{spec}: cannot fetch {f}: {e}"),
-            })?;
-            dir = p.parent().map(Path::to_path_buf);
+        Box::new(move |f| repo.get(f).map_err(|e| e.to_string()))
+    };
+    let config = fetch("config.json").map_err(|e| anyhow!("{spec}: config.json: {e}"))?;
+    // The first of `alternatives` (each a set of files) that the repo has.
+    let first_of = |alternatives: &[&[&str]], what: &str| -> Result<()> {
+        let mut why = Vec::new();
+        for files in alternatives {
+            match files
+                .iter()
+                .map(|f| fetch(f))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => why.push(format!("{}: {e}", files.join(" + "))),
+            }
         }
+        bail!("{spec}: no {what} ({})", why.join("; "))
+    };
+    first_of(&[&["tokenizer.json"], opus::FILES], "tokenizer")?;
+    let weights: Vec<&[&str]> = WEIGHT_FILES.iter().map(std::slice::from_ref).collect();
+    first_of(&weights, "weights")?;
+    if opus::is_opus_dir(config.parent().unwrap_or(Path::new("."))) {
+        // Optional: says whether the vocabularies are separate.
+        let _ = fetch("tokenizer_config.json");
     }
-    dir.ok_or_else(|| anyhow!("{spec}: empty repo"))
+    config
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| anyhow!("{spec}: empty repo"))
 }
 
 /// Loads model and tokenizer from a resolved folder.
 pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<LoadedModel> {
     let config = ModelConfig::load(&dir.join("config.json"))?;
-    let tok_path = dir.join("tokenizer.json");
-    let tokenizer = SubwordTokenizer::load(&tok_path)?;
+    let tokenizer = SubwordTokenizer::load_dir(dir)?;
     if tokenizer.vocab_size() != config.vocab_size {
         bail!(
             "{}: the tokenizer has {} pieces but {} declares vocab_size {}",
-            tok_path.display(),
+            tokenizer.path.display(),
             tokenizer.vocab_size(),
             dir.join("config.json").display(),
             config.vocab_size
         );
     }
-    let weights = Weights::load(&dir.join("model.safetensors"), device, dtype)?;
+    let weights = Weights::load(&weights_file(dir), device, dtype)?;
     let model = Seq2Seq::new(&config, &weights)?;
     Ok(LoadedModel {
         model,

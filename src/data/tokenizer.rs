@@ -12,11 +12,13 @@
 //! training so that "young," and "young" share a piece.
 
 use crate::data::corpus::LineReader;
+use crate::data::opus::{self, OpusVocab};
 use anyhow::{anyhow, bail, Context, Result};
+use rayon::prelude::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::unigram::{Unigram, UnigramTrainerBuilder};
 use tokenizers::models::TrainerWrapper;
@@ -56,7 +58,7 @@ pub struct TrainOptions {
 /// A loaded subword tokenizer with the ids of its special tokens.
 #[derive(Clone)]
 pub struct SubwordTokenizer {
-    inner: Tokenizer,
+    backend: Backend,
     /// Where it was loaded from (for error messages).
     pub path: PathBuf,
     /// Id of `</s>`.
@@ -65,6 +67,14 @@ pub struct SubwordTokenizer {
     pub unk_id: u32,
     /// Id of `<pad>`.
     pub pad_id: u32,
+}
+
+/// What does the work: a HF `tokenizer.json` (ours, or any Marian one), or an OPUS-MT folder's
+/// SentencePiece models and `vocab.json`.
+#[derive(Clone)]
+enum Backend {
+    Hf(Box<Tokenizer>),
+    Opus(Arc<OpusVocab>),
 }
 
 fn byte_pieces() -> impl Iterator<Item = String> {
@@ -209,6 +219,27 @@ impl SubwordTokenizer {
         Self::from_tokenizer(tok, path)
     }
 
+    /// Loads the tokenizer of a model folder: its `tokenizer.json`, or else OPUS-MT's
+    /// `source.spm`, `target.spm` and `vocab.json`.
+    pub fn load_dir(dir: &Path) -> Result<Self> {
+        if !opus::is_opus_dir(dir) {
+            return Self::load(&dir.join("tokenizer.json"));
+        }
+        let vocab = OpusVocab::load(dir)?;
+        let id = |piece| {
+            vocab
+                .special_id(piece)
+                .expect("OpusVocab checks its specials")
+        };
+        Ok(Self {
+            eos_id: id(EOS),
+            unk_id: id(UNK),
+            pad_id: id(PAD),
+            path: vocab.path.clone(),
+            backend: Backend::Opus(Arc::new(vocab)),
+        })
+    }
+
     /// Wraps a tokenizer, checking that it has `</s>`, `<unk>` and `<pad>`.
     pub fn from_tokenizer(inner: Tokenizer, path: &Path) -> Result<Self> {
         let id = |piece: &str| {
@@ -221,14 +252,19 @@ impl SubwordTokenizer {
             unk_id: id(UNK)?,
             pad_id: id(PAD)?,
             path: path.to_path_buf(),
-            inner,
+            backend: Backend::Hf(Box::new(inner)),
         })
     }
 
     /// Writes `tokenizer.json` atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let text = self
-            .inner
+        let Backend::Hf(inner) = &self.backend else {
+            bail!(
+                "{}: an OPUS-MT vocabulary cannot be written as tokenizer.json",
+                self.path.display()
+            );
+        };
+        let text = inner
             .to_string(true)
             .map_err(|e| anyhow!("serialising the tokenizer: {e}"))?;
         crate::io::write_atomic(path, text.as_bytes())
@@ -236,48 +272,70 @@ impl SubwordTokenizer {
 
     /// Number of ids, specials included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match &self.backend {
+            Backend::Hf(inner) => inner.get_vocab_size(true),
+            Backend::Opus(vocab) => vocab.vocab_size(),
+        }
     }
 
     /// Subword ids of one line (no `</s>` appended).
     pub fn encode_ids(&self, text: &str) -> Result<Vec<u32>> {
-        Ok(self.encode(text)?.get_ids().to_vec())
+        match &self.backend {
+            Backend::Hf(_) => Ok(self.encode(text)?.get_ids().to_vec()),
+            Backend::Opus(vocab) => vocab.encode_ids(text),
+        }
     }
 
     /// Subword pieces of one line.
     pub fn encode_pieces(&self, text: &str) -> Result<Vec<String>> {
-        Ok(self.encode(text)?.get_tokens().to_vec())
+        match &self.backend {
+            Backend::Hf(_) => Ok(self.encode(text)?.get_tokens().to_vec()),
+            Backend::Opus(vocab) => vocab.encode_pieces(text),
+        }
     }
 
     /// Ids of many lines at once, in parallel.
     pub fn encode_batch(&self, texts: &[String]) -> Result<Vec<Vec<u32>>> {
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let encodings = self
-            .inner
-            .encode_batch(refs, false)
-            .map_err(|e| anyhow!("{}: encoding failed: {e}", self.path.display()))?;
-        Ok(encodings
-            .into_iter()
-            .map(|e| e.get_ids().to_vec())
-            .collect())
+        match &self.backend {
+            Backend::Hf(inner) => {
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                let encodings = inner
+                    .encode_batch(refs, false)
+                    .map_err(|e| anyhow!("{}: encoding failed: {e}", self.path.display()))?;
+                Ok(encodings
+                    .into_iter()
+                    .map(|e| e.get_ids().to_vec())
+                    .collect())
+            }
+            Backend::Opus(vocab) => texts.par_iter().map(|t| vocab.encode_ids(t)).collect(),
+        }
     }
 
     fn encode(&self, text: &str) -> Result<tokenizers::Encoding> {
-        self.inner
+        let Backend::Hf(inner) = &self.backend else {
+            unreachable!("only called for tokenizer.json backends")
+        };
+        inner
             .encode(text, false)
             .map_err(|e| anyhow!("{}: encoding failed: {e}", self.path.display()))
     }
 
     /// Text of a sequence of ids; special tokens are dropped.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| anyhow!("{}: decoding failed: {e}", self.path.display()))
+        match &self.backend {
+            Backend::Hf(inner) => inner
+                .decode(ids, true)
+                .map_err(|e| anyhow!("{}: decoding failed: {e}", self.path.display())),
+            Backend::Opus(vocab) => Ok(vocab.decode(ids)),
+        }
     }
 
     /// The id of a piece, if it is in the vocabulary.
     pub fn piece_to_id(&self, piece: &str) -> Option<u32> {
-        self.inner.token_to_id(piece)
+        match &self.backend {
+            Backend::Hf(inner) => inner.token_to_id(piece),
+            Backend::Opus(vocab) => vocab.piece_to_id(piece),
+        }
     }
 }
 
