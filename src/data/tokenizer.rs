@@ -166,6 +166,13 @@ pub fn train(inputs: &[PathBuf], opts: &TrainOptions) -> Result<SubwordTokenizer
     if let Some(e) = failure.into_inner().unwrap() {
         return Err(e);
     }
+    if readers.iter().all(|r| r.empty_lines() == r.line_no()) {
+        let names: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
+        bail!(
+            "{}: the corpus is empty (no non-empty lines); nothing to train on",
+            names.join(", ")
+        );
+    }
     for r in &readers {
         if r.empty_lines() > 0 {
             eprintln!(
