@@ -366,3 +366,118 @@ fn sigint_saves_last_and_exits_130() {
     .unwrap();
     assert!(state["step"].as_u64().unwrap() >= 1);
 }
+
+/// Unmounts a test filesystem, also when the test fails.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Bytes in the files under `dir` (links not followed).
+fn folder_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = std::fs::symlink_metadata(e.path()).unwrap();
+            if meta.is_dir() {
+                folder_size(&e.path())
+            } else {
+                meta.len()
+            }
+        })
+        .sum()
+}
+
+/// A full disk: when a checkpoint no longer fits, training stops with an error naming the
+/// file and "No space left on device", the half-written checkpoint is removed, and the
+/// previous one stays intact behind last/. Needs permission to mount a tmpfs (root); skipped
+/// with a message otherwise.
+#[test]
+fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, tgt) = toy_corpus(dir.path(), "train", 5, 200);
+    let tok = write_tokenizer(dir.path(), &src);
+    let args = |out: &Path| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "train",
+            "--src",
+            s(&src),
+            "--tgt",
+            s(&tgt),
+            "--tokenizer",
+            s(&tok),
+            "--out",
+            s(out),
+            "--max-steps",
+            "6",
+            "--valid-every",
+            "2",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        v.extend(TINY.iter().map(|x| x.to_string()));
+        v
+    };
+    // How much one checkpoint takes.
+    let probe = dir.path().join("probe");
+    nmt_ok(
+        &args(&probe).iter().map(String::as_str).collect::<Vec<_>>(),
+        b"",
+    );
+    let one = folder_size(&probe.join("checkpoints/step-00000002"));
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    // Room for the tokenizer, the metrics and one checkpoint and a half: the second fails.
+    let size = folder_size(&probe) - folder_size(&probe.join("checkpoints")) + one * 3 / 2;
+    let mounted = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size}"),
+            "tmpfs",
+            s(&small),
+        ])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|st| st.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    let _unmount = Mount(small.clone());
+    let out = small.join("run");
+    let err = nmt_err(
+        &args(&out).iter().map(String::as_str).collect::<Vec<_>>(),
+        b"",
+    );
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains(s(&out)), "{err}");
+    let last = std::fs::canonicalize(out.join("last")).unwrap();
+    assert!(
+        last.ends_with("checkpoints/step-00000002"),
+        "{}",
+        last.display()
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let a = nmt_ok(&["translate", "--model", s(&out.join("last"))], b"1 2 3\n");
+    let b = nmt_ok(
+        &[
+            "translate",
+            "--model",
+            s(&probe.join("checkpoints/step-00000002")),
+        ],
+        b"1 2 3\n",
+    );
+    assert_eq!(a, b, "the kept checkpoint is the complete step-2 one");
+}

@@ -98,6 +98,7 @@ fn model_config(cfg: &TrainConfig, tok: &SubwordTokenizer) -> ModelConfig {
 /// Appends JSON lines to metrics.jsonl, one whole line per write, synced.
 struct MetricsLog {
     file: std::fs::File,
+    path: PathBuf,
 }
 
 impl MetricsLog {
@@ -117,14 +118,17 @@ impl MetricsLog {
             .append(true)
             .open(path)
             .with_context(|| format!("{}: cannot open", path.display()))?;
-        Ok(Self { file })
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+        })
     }
 
     fn write(&mut self, record: serde_json::Value) -> Result<()> {
         self.file
-            .write_all((record.to_string() + "\n").as_bytes())?;
-        self.file.sync_data()?;
-        Ok(())
+            .write_all((record.to_string() + "\n").as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .with_context(|| format!("{}: cannot write", self.path.display()))
     }
 }
 
