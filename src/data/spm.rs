@@ -213,10 +213,63 @@ fn read_piece(bytes: &[u8], off: usize) -> Result<Piece> {
     Ok(piece)
 }
 
+/// Checks a precompiled character map (a darts-clone double-array trie over UTF-8 bytes, then
+/// the NUL-separated replacement strings) so that no lookup can index outside it: the reader
+/// we hand it to trusts the file and would panic on a corrupt one.
+fn check_charsmap(bytes: &[u8]) -> Result<()> {
+    let word = |at: usize| -> Option<usize> {
+        let b = bytes.get(at..at + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let trie_bytes = word(0).ok_or_else(|| anyhow!("shorter than its header"))?;
+    let units = trie_bytes / 4;
+    let array: Vec<usize> = (0..units)
+        .map(|i| word(4 + 4 * i))
+        .collect::<Option<_>>()
+        .ok_or_else(|| anyhow!("its trie runs past the end"))?;
+    let strings = &bytes[(4 + 4 * units).min(bytes.len())..];
+    let strings = std::str::from_utf8(strings)
+        .map_err(|_| anyhow!("its replacement strings are not UTF-8"))?;
+    let offset = |u: usize| (u >> 10) << ((u & (1 << 9)) >> 6);
+    let root = *array.first().ok_or_else(|| anyhow!("its trie is empty"))?;
+    let mut seen = vec![false; array.len()];
+    let mut todo = vec![offset(root)];
+    while let Some(node) = todo.pop() {
+        for c in 1..=255usize {
+            let at = node ^ c;
+            let unit = *array
+                .get(at)
+                .ok_or_else(|| anyhow!("its trie points outside itself"))?;
+            if unit & ((1 << 31) | 0xff) != c {
+                continue;
+            }
+            let next = at ^ offset(unit);
+            if (unit >> 8) & 1 == 1 {
+                let value = array
+                    .get(next)
+                    .map(|v| v & ((1 << 31) - 1))
+                    .ok_or_else(|| anyhow!("its trie points outside itself"))?;
+                if value > strings.len() || !strings.is_char_boundary(value) {
+                    bail!("its trie points outside its replacement strings");
+                }
+            }
+            if next < seen.len() && !std::mem::replace(&mut seen[next], true) {
+                todo.push(next);
+            } else if next >= seen.len() {
+                // A node past the end is only safe if no byte can be looked up from it.
+                bail!("its trie points outside itself");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn precompiled(bytes: &[u8], path: &Path, what: &str) -> Result<Option<Precompiled>> {
     if bytes.is_empty() {
         return Ok(None);
     }
+    check_charsmap(bytes)
+        .map_err(|e| anyhow!("{}: invalid {what} character map: {e}", path.display()))?;
     Precompiled::from(bytes)
         .map(Some)
         .map_err(|e| anyhow!("{}: invalid {what} character map: {e}", path.display()))
@@ -237,7 +290,8 @@ impl SpmModel {
             .with_context(|| format!("{}: not a valid SentencePiece model", path.display()))
     }
 
-    fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+    /// Parses the bytes of a model file read from `path`.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
         let mut pieces = Vec::new();
         let mut model_type = 1;
         let mut byte_fallback = false;
@@ -564,6 +618,19 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         assert_eq!(m.decode(&pieces), "ab c ⁇ zz");
+    }
+
+    #[test]
+    fn a_corrupt_character_map_is_an_error_not_a_panic() {
+        // An empty trie; a root pointing far outside; replacement strings that are not UTF-8.
+        for bad in [
+            &[0u8, 0, 0, 0][..],
+            &[4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff],
+            &[4, 0, 0, 0, 0, 0, 0, 0, 0xff],
+            &[8, 0, 0, 0, 1],
+        ] {
+            assert!(check_charsmap(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

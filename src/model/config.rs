@@ -136,7 +136,12 @@ impl ModelConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read model config", path.display()))?;
-        let cfg: Self = serde_json::from_str(&text)
+        Self::from_json(&text, path)
+    }
+
+    /// Parses and checks the text of a `config.json` read from `path`.
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let cfg: Self = serde_json::from_str(text)
             .with_context(|| format!("{}: not a valid Marian config.json", path.display()))?;
         cfg.validate()
             .with_context(|| format!("{}: unsupported model", path.display()))?;

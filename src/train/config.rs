@@ -135,9 +135,13 @@ impl TrainConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read config", path.display()))?;
-        let cfg: Self = serde_json::from_str(&text)
-            .with_context(|| format!("{}: invalid training config", path.display()))?;
-        Ok(cfg)
+        Self::from_json(&text, path)
+    }
+
+    /// Parses the text of a preset read from `path`.
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        serde_json::from_str(text)
+            .with_context(|| format!("{}: invalid training config", path.display()))
     }
 
     /// Checks values that would otherwise fail deep inside training.
