@@ -212,3 +212,32 @@ impl ModelConfig {
         Ok(serde_json::to_string_pretty(&v)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys we do not know are carried through config.json unchanged, floats bit for bit
+    /// (found by fuzzing: without serde_json's float_roundtrip a value moved by one ulp).
+    #[test]
+    fn config_json_round_trips_exactly() {
+        let mut v: serde_json::Value = serde_json::from_str(
+            &ModelConfig::new(100, 99, 0, 16, 1, 2, 32)
+                .to_hf_json()
+                .unwrap(),
+        )
+        .unwrap();
+        v["some_scale"] = serde_json::json!(2.2222222222222227e60);
+        let path = Path::new("config.json");
+        let cfg = ModelConfig::from_json(&v.to_string(), path).unwrap();
+        let again: serde_json::Value = serde_json::from_str(&cfg.to_hf_json().unwrap()).unwrap();
+        assert_eq!(again["some_scale"].as_f64(), Some(2.2222222222222227e60));
+        assert_eq!(
+            ModelConfig::from_json(&cfg.to_hf_json().unwrap(), path)
+                .unwrap()
+                .to_hf_json()
+                .unwrap(),
+            cfg.to_hf_json().unwrap()
+        );
+    }
+}
