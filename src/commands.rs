@@ -285,6 +285,31 @@ pub fn eval(args: EvalArgs) -> Result<()> {
     Ok(out.flush()?)
 }
 
+/// Checks that the CUDA libraries Candle loads at run time can be found: the driver, cuBLAS,
+/// cuBLASLt and cuRAND. Candle's loader would panic instead of returning an error.
+fn cuda_libraries() -> Result<()> {
+    let loadable = |name: &str| {
+        ["", ".13", ".12", ".11", ".10", ".1"].iter().any(|v| {
+            let file = std::ffi::CString::new(format!("lib{name}.so{v}")).expect("no NUL");
+            // SAFETY: dlopen with a valid C string; the handle is kept, as the library will be
+            // used right after.
+            !unsafe { libc::dlopen(file.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) }.is_null()
+        })
+    };
+    let missing: Vec<&str> = ["cuda", "cublas", "cublasLt", "curand"]
+        .into_iter()
+        .filter(|n| !loadable(n))
+        .collect();
+    match missing.as_slice() {
+        [] => Ok(()),
+        ["cuda", ..] => bail!("the NVIDIA driver (libcuda.so.1) cannot be loaded: is there a GPU and its driver?"),
+        libs => bail!(
+            "cannot load {}: add their folder to LD_LIBRARY_PATH (a PyTorch install has them in site-packages/nvidia/cu13/lib)",
+            libs.iter().map(|l| format!("lib{l}.so")).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
 /// The device and dtype a user asked for.
 pub fn select_device(device: DeviceArg, dtype: DtypeArg) -> Result<(Device, DType)> {
     let device = match device {
@@ -293,11 +318,16 @@ pub fn select_device(device: DeviceArg, dtype: DtypeArg) -> Result<(Device, DTyp
             if !candle_core::utils::cuda_is_available() {
                 bail!("--device cuda: this nmt was built without CUDA (rebuild with --features cuda, see scripts/build-cuda.sh)");
             }
+            cuda_libraries().context("--device cuda")?;
             Device::new_cuda(0).context("--device cuda: no usable CUDA GPU")?
         }
-        DeviceArg::Auto if candle_core::utils::cuda_is_available() => {
-            Device::new_cuda(0).unwrap_or(Device::Cpu)
-        }
+        DeviceArg::Auto if candle_core::utils::cuda_is_available() => match cuda_libraries() {
+            Ok(()) => Device::new_cuda(0).unwrap_or(Device::Cpu),
+            Err(e) => {
+                eprintln!("note: --device auto: using the CPU ({e})");
+                Device::Cpu
+            }
+        },
         DeviceArg::Auto => Device::Cpu,
     };
     let dtype = match dtype {
