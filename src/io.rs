@@ -14,6 +14,15 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
 }
 
+/// Reads a whole input file named by the user; `what` says what it should be ("tokenizer",
+/// "SentencePiece model") in the errors, which name the file.
+pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
+    if path.is_dir() {
+        anyhow::bail!("{}: is a directory, expected a {what} file", path.display());
+    }
+    fs::read(path).with_context(|| format!("{}: cannot read {what}", path.display()))
+}
+
 /// Writes `bytes` to `path` via a temporary file in the same folder, fsync and rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_path(path);

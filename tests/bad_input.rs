@@ -4,7 +4,7 @@
 //! line), success — with a warning where something had to give.
 
 mod common;
-use common::{s, toy_corpus};
+use common::{fixture, s, toy_corpus};
 use std::path::{Path, PathBuf};
 
 /// What a row expects.
@@ -61,12 +61,6 @@ fn copy_model(from: &Path, dir: &Path, name: &str, file: &str, bytes: Option<&[u
         None => std::fs::remove_file(to.join(file)).unwrap(),
     }
     to
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
 }
 
 fn half(path: &Path) -> Vec<u8> {

@@ -4,19 +4,12 @@
 use candle_core::{DType, Device, Tensor};
 use nmt::model::weights::Weights;
 use nmt::model::{ModelConfig, Seq2Seq};
-use std::path::Path;
 
 mod common;
-use common::max_rel_diff;
-
-fn fixture(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
+use common::{fixture, max_rel_diff};
 
 fn ids(v: &serde_json::Value) -> Tensor {
-    let rows: Vec<Vec<u32>> = serde_json::from_value(v.clone()).unwrap();
+    let rows = common::id_rows(v);
     let (b, t) = (rows.len(), rows[0].len());
     Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap()
 }

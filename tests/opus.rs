@@ -8,19 +8,14 @@ use candle_core::{DType, Device};
 use common::{nmt_ok, s};
 use nmt::data::spm::SpmModel;
 use nmt::decode::{self, beam};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/opus-tiny")
+    common::fixture("opus-tiny")
 }
 
 fn recorded() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture().join("transformers.json")).unwrap())
-        .unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<Vec<u32>> {
-    serde_json::from_value(v.clone()).unwrap()
+    common::recorded(&fixture())
 }
 
 #[test]
@@ -57,7 +52,7 @@ fn detokenization_equals_marian_tokenizer_decode() {
 fn greedy_and_beam_search_equal_transformers_generate() {
     let f = recorded();
     let m = nmt::hub::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
-    let sources = ids(&f["sources"]);
+    let sources = common::id_rows(&f["sources"]);
     for case in f["searches"].as_array().unwrap() {
         let beam_size = case["beam"].as_u64().unwrap() as usize;
         let lp = case["length_penalty"].as_f64().unwrap();
@@ -76,7 +71,11 @@ fn greedy_and_beam_search_equal_transformers_generate() {
                 .map(|h| h[0].tokens.clone())
                 .collect()
         };
-        assert_eq!(got, ids(&case["outputs"]), "beam {beam_size} lp {lp}");
+        assert_eq!(
+            got,
+            common::id_rows(&case["outputs"]),
+            "beam {beam_size} lp {lp}"
+        );
         let texts: Vec<String> = got.iter().map(|t| m.tokenizer.decode(t).unwrap()).collect();
         let want: Vec<String> = serde_json::from_value(case["texts"].clone()).unwrap();
         assert_eq!(texts, want, "beam {beam_size} lp {lp}");

@@ -21,6 +21,17 @@ const TINY: &[&str] = &[
     "512",
 ];
 
+/// `nmt train` arguments for a TINY model on `src`/`tgt` into `out`, plus `extra`.
+fn tiny_train(src: &Path, tgt: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let fixed = ["train", "--src", s(src), "--tgt", s(tgt), "--out", s(out)];
+    fixed
+        .iter()
+        .chain(extra)
+        .chain(TINY)
+        .map(|x| x.to_string())
+        .collect()
+}
+
 fn write_config(dir: &Path, json: &str) -> PathBuf {
     let p = dir.join("config.json");
     std::fs::write(&p, json).unwrap();
@@ -179,24 +190,7 @@ fn resume_is_exact_and_training_is_reproducible() {
 fn bad_input_and_misuse_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tgt) = toy_corpus(dir.path(), "train", 5, 50);
-    let base = |out: &Path| -> Vec<String> {
-        let mut v: Vec<String> = [
-            "train",
-            "--src",
-            s(&src),
-            "--tgt",
-            s(&tgt),
-            "--out",
-            s(out),
-            "--max-steps",
-            "2",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
-        v.extend(TINY.iter().map(|x| x.to_string()));
-        v
-    };
+    let base = |out: &Path| tiny_train(&src, &tgt, out, &["--max-steps", "2"]);
     let run_err = |args: Vec<String>| {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         nmt_err(&refs, b"")
@@ -401,27 +395,16 @@ fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tgt) = toy_corpus(dir.path(), "train", 5, 200);
     let tok = write_tokenizer(dir.path(), &src);
-    let args = |out: &Path| -> Vec<String> {
-        let mut v: Vec<String> = [
-            "train",
-            "--src",
-            s(&src),
-            "--tgt",
-            s(&tgt),
+    let args = |out: &Path| {
+        let extra = [
             "--tokenizer",
             s(&tok),
-            "--out",
-            s(out),
             "--max-steps",
             "6",
             "--valid-every",
             "2",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
-        v.extend(TINY.iter().map(|x| x.to_string()));
-        v
+        ];
+        tiny_train(&src, &tgt, out, &extra)
     };
     // How much one checkpoint takes.
     let probe = dir.path().join("probe");

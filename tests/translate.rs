@@ -6,19 +6,14 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{nmt_err, nmt_ok, s};
 use nmt::decode::{self, beam};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn toy() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nmt-toy")
+    common::fixture("nmt-toy")
 }
 
 fn recorded() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(toy().join("transformers.json")).unwrap())
-        .unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<Vec<u32>> {
-    serde_json::from_value(v.clone()).unwrap()
+    common::recorded(&toy())
 }
 
 #[test]
@@ -33,8 +28,8 @@ fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
     let got = m
         .model
         .forward(
-            &tensor(ids(&f["logits_src"])),
-            &tensor(ids(&f["logits_tgt_in"])),
+            &tensor(common::id_rows(&f["logits_src"])),
+            &tensor(common::id_rows(&f["logits_tgt_in"])),
         )
         .unwrap();
     let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
@@ -47,12 +42,12 @@ fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
 fn greedy_and_beam_search_equal_transformers_generate() {
     let f = recorded();
     let m = nmt::hub::load(&toy(), &Device::Cpu, DType::F32).unwrap();
-    let sources = ids(&f["sources"]);
+    let sources = common::id_rows(&f["sources"]);
     for case in f["cases"].as_array().unwrap() {
         let beam_size = case["beam"].as_u64().unwrap() as usize;
         let lp = case["length_penalty"].as_f64().unwrap();
         let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
-        let want = ids(&case["outputs"]);
+        let want = common::id_rows(&case["outputs"]);
         let lens = vec![max_new; sources.len()];
         // Whole batch at once (exercises padding and pruning) and in uneven chunks.
         for chunk in [sources.len(), 7] {

@@ -278,14 +278,7 @@ fn precompiled(bytes: &[u8], path: &Path, what: &str) -> Result<Option<Precompil
 impl SpmModel {
     /// Reads a SentencePiece model file. Only unigram models are supported (OPUS-MT's kind).
     pub fn load(path: &Path) -> Result<Self> {
-        if path.is_dir() {
-            bail!(
-                "{}: is a directory, expected a SentencePiece model",
-                path.display()
-            );
-        }
-        let bytes = std::fs::read(path)
-            .with_context(|| format!("{}: cannot read SentencePiece model", path.display()))?;
+        let bytes = crate::io::read_input(path, "SentencePiece model")?;
         Self::from_bytes(&bytes, path)
             .with_context(|| format!("{}: not a valid SentencePiece model", path.display()))
     }

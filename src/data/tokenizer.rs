@@ -13,7 +13,7 @@
 
 use crate::data::corpus::LineReader;
 use crate::data::opus::{self, OpusVocab};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use rayon::prelude::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -213,14 +213,9 @@ pub fn train(inputs: &[PathBuf], opts: &TrainOptions) -> Result<SubwordTokenizer
 impl SubwordTokenizer {
     /// Loads a `tokenizer.json` and finds its special tokens.
     pub fn load(path: &Path) -> Result<Self> {
-        if path.is_dir() {
-            bail!(
-                "{}: is a directory, expected a tokenizer.json file",
-                path.display()
-            );
-        }
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read tokenizer", path.display()))?;
+        let bytes = crate::io::read_input(path, "tokenizer.json")?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| anyhow!("{}: not a valid tokenizer.json (not UTF-8)", path.display()))?;
         let tok = Tokenizer::from_str(&text)
             .map_err(|e| anyhow!("{}: not a valid tokenizer.json: {e}", path.display()))?;
         Self::from_tokenizer(tok, path)

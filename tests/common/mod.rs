@@ -72,6 +72,24 @@ pub fn multi30k() -> Option<PathBuf> {
     }
 }
 
+/// A folder under tests/fixtures.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The `transformers.json` a fixture generator recorded next to a model fixture.
+pub fn recorded(model: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(model.join("transformers.json")).unwrap())
+        .unwrap()
+}
+
+/// Rows of token ids from a JSON array of arrays.
+pub fn id_rows(v: &serde_json::Value) -> Vec<Vec<u32>> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
 /// A path as &str.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
