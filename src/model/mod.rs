@@ -20,7 +20,8 @@ const LN_EPS: f64 = 1e-5;
 /// Added to attention scores of hidden keys: large and finite so a row never becomes NaN.
 pub const MASK_VALUE: f64 = -1e9;
 
-/// Dropout with masks drawn from our own seeded generator, so training is reproducible.
+/// Dropout with masks drawn from our own generator, seeded per step, on the CPU (so training
+/// and its resumption are reproducible bit for bit), or from the device's generator on a GPU.
 pub struct Dropout {
     rng: Option<RefCell<Rng>>,
 }
@@ -51,8 +52,16 @@ impl Dropout {
         if p <= 0.0 {
             return Ok(x.clone());
         }
-        let n = x.elem_count();
         let keep = 1.0 / (1.0 - p) as f32;
+        if !x.device().is_cpu() {
+            // On a GPU the masks are drawn there, from the device's generator (cuRAND, seeded
+            // once per run by the trainer): drawing them on the host and copying them over
+            // cost more than the rest of a training step.
+            let u = Tensor::rand(0f32, 1f32, x.shape(), x.device())?;
+            let mask = (u.ge(p)?.to_dtype(x.dtype())? * keep as f64)?;
+            return Ok((x * mask)?);
+        }
+        let n = x.elem_count();
         let threshold = (p * (1u64 << 32) as f64) as u64;
         let mut rng = rng.borrow_mut();
         let mut mask = Vec::with_capacity(n);

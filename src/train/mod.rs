@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor};
 use checkpoint::{Checkpoint, TrainerState};
 use config::{parse_duration, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
-use optim::{global_norm, Adam, AdamConfig};
+use optim::{Adam, AdamConfig};
 use serde_json::json;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -146,7 +146,6 @@ struct Trainer<'a> {
     weights: Weights,
     opt: Adam,
     tok: SubwordTokenizer,
-    pad_row_mask: Tensor,
 }
 
 impl Trainer<'_> {
@@ -380,10 +379,10 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         );
         state = s;
     }
-    let v = model_config.vocab_size;
-    let mut mask = vec![1f32; v];
-    mask[model_config.pad_token_id as usize] = 0.0;
-    let pad_row_mask = Tensor::from_vec(mask, (v, 1), &job.device)?.to_dtype(job.dtype)?;
+    // The pad row of the shared embedding stays zero (Marian: the decoder starts from it).
+    if opt.vars().any(|(name, _)| name == "model.shared.weight") {
+        opt.freeze_row("model.shared.weight", model_config.pad_token_id as usize)?;
+    }
     let mut trainer = Trainer {
         job,
         cfg,
@@ -392,7 +391,6 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         weights,
         opt,
         tok,
-        pad_row_mask,
     };
     train_loop(
         &mut trainer,
@@ -435,6 +433,10 @@ fn train_loop(
     let start = Instant::now();
     let elapsed0 = state.elapsed_s;
     let tty = std::io::stderr().is_terminal();
+    // NMT_PROFILE=1: wait for the device after each phase and log the forward, backward and
+    // optimizer milliseconds of every step (slower; for finding where a step's time goes).
+    let profile = std::env::var_os("NMT_PROFILE").is_some_and(|v| v == "1");
+    let device = tr.model.device().clone();
     let bar = match (tty, cfg.max_steps) {
         (false, _) => ProgressBar::hidden(),
         (true, Some(n)) => ProgressBar::new(n as u64),
@@ -500,6 +502,11 @@ fn train_loop(
         prune_checkpoints(out, cfg.keep_last, state.best_step)?;
         Ok(improved)
     };
+    if !device.is_cpu() {
+        // Dropout on a GPU draws from the device's generator: seeded once per run (re-creating
+        // it every step was slow and exhausted the GPU), from the seed and the starting step.
+        device.set_seed(cfg.seed ^ (state.step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))?;
+    }
     'epochs: loop {
         if cfg.max_epochs.is_some_and(|m| state.epoch > m) {
             break;
@@ -516,6 +523,7 @@ fn train_loop(
             let drop = Dropout::on(cfg.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ step as u64);
             let mut grads: Option<Vec<Tensor>> = None;
             let (mut loss_sum, mut n_tokens) = (0f64, 0usize);
+            let mut phase_ms = [0f64; 3];
             for _ in 0..cfg.accum {
                 if state.batch_in_epoch >= order.len() {
                     break;
@@ -523,10 +531,17 @@ fn train_loop(
                 let idx = &batches[order[state.batch_in_epoch]];
                 state.batch_in_epoch += 1;
                 let b = Batch::new(examples, idx, pad, start_id, tr.model.device())?;
+                let t = Instant::now();
                 let (loss, _) = tr.batch_loss(&b, &drop)?;
                 loss_sum += loss.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
                 n_tokens += b.n_tokens;
+                phase_ms[0] += t.elapsed().as_secs_f64() * 1e3;
+                let t = Instant::now();
                 let store = loss.backward()?;
+                if profile {
+                    device.synchronize()?;
+                }
+                phase_ms[1] += t.elapsed().as_secs_f64() * 1e3;
                 let g: Vec<Tensor> = tr
                     .opt
                     .vars()
@@ -559,32 +574,22 @@ fn train_loop(
                     }
                 );
             }
-            let scale = 1.0 / n_tokens.max(1) as f64;
-            let mut grads: Vec<Tensor> = grads
-                .unwrap_or_default()
-                .iter()
-                .map(|g| g * scale)
-                .collect::<candle_core::Result<_>>()?;
-            // The pad row of the shared embedding stays zero (Marian: the decoder starts from it).
-            for ((name, _), g) in tr.opt.vars().zip(grads.iter_mut()) {
-                if name == "model.shared.weight" {
-                    *g = g.broadcast_mul(&tr.pad_row_mask)?;
-                }
-            }
-            if cfg.clip_norm > 0.0 {
-                let norm = global_norm(&grads)?;
-                if norm > cfg.clip_norm {
-                    let f = cfg.clip_norm / (norm + 1e-6);
-                    grads = grads
-                        .iter()
-                        .map(|g| g * f)
-                        .collect::<candle_core::Result<_>>()?;
-                }
-            }
             let lr = cfg
                 .schedule
                 .lr(step, cfg.lr, cfg.warmup, tr.model_config.d_model);
-            tr.opt.update(&grads, lr)?;
+            // Mean over target tokens, the pad row of the shared embedding held at zero
+            // (Marian: the decoder starts from it), clipped, then Adam.
+            let t = Instant::now();
+            tr.opt.update(
+                &grads.unwrap_or_default(),
+                1.0 / n_tokens.max(1) as f64,
+                cfg.clip_norm,
+                lr,
+            )?;
+            if profile {
+                device.synchronize()?;
+            }
+            phase_ms[2] = t.elapsed().as_secs_f64() * 1e3;
             state.step = step;
             state.tokens_seen += n_tokens as u64;
             let dt = t0.elapsed().as_secs_f64();
@@ -596,7 +601,14 @@ fn train_loop(
             ));
             if step % cfg.log_every == 0 {
                 let elapsed = elapsed0 + start.elapsed().as_secs_f64();
-                log.write(json!({"step": step, "epoch": state.epoch, "loss": per_token, "lr": lr, "tok_s": tok_s, "elapsed": elapsed}))?;
+                let mut record = json!({"step": step, "epoch": state.epoch, "loss": per_token, "lr": lr, "tok_s": tok_s, "elapsed": elapsed});
+                if profile {
+                    let [f, b, o] = phase_ms;
+                    record["forward_ms"] = json!(f);
+                    record["backward_ms"] = json!(b);
+                    record["optimizer_ms"] = json!(o);
+                }
+                log.write(record)?;
                 if !tty {
                     eprintln!("epoch {} step {step} loss {per_token:.4} lr {lr:.3e} tok/s {tok_s:.0} elapsed {elapsed:.0}s", state.epoch);
                 }
