@@ -1,8 +1,9 @@
 //! Fused CPU kernels with their own backward passes for the three hot spots of training:
 //! LayerNorm, attention softmax with an additive mask, and label-smoothed cross-entropy over
 //! the vocabulary. Each replaces a chain of generic ops whose backward allocates and sweeps
-//! memory once per op. On other devices and dtypes the same functions fall back to
-//! differentiable compositions of Candle ops, so results agree everywhere.
+//! memory once per op. On a GPU, softmax and LayerNorm run Candle's fused kernels with a
+//! backward supplied here; elsewhere the same functions fall back to differentiable
+//! compositions of Candle ops, so results agree everywhere.
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
@@ -169,11 +170,116 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
             .contiguous()?
             .apply_op3(w, b, LayerNormOp { eps: eps as f32 });
     }
+    if gpu_kernels(x) {
+        return layer_norm_kernels(x, w, b, eps);
+    }
     let mean = x.mean_keepdim(D::Minus1)?;
     let centred = x.broadcast_sub(&mean)?;
     let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = centred.broadcast_div(&(var + eps)?.sqrt()?)?;
     normed.broadcast_mul(w)?.broadcast_add(b)
+}
+
+// ---------------------------------------------------------------- GPU: Candle's kernels, our backward
+
+/// Where Candle's own fused softmax and LayerNorm kernels serve: devices other than the CPU
+/// (there the fused ops above serve f32). They have no backward in Candle, so [`WithGrad`]
+/// supplies it; the compositions they replace cost several kernel launches each way.
+fn gpu_kernels(t: &Tensor) -> bool {
+    !t.device().is_cpu()
+}
+
+/// `(x, y) → y` where `y` was computed from `x` by a kernel without a backward: passes `y`
+/// through and gives `x` the gradient of that computation, from `x`, `y` and dL/dy.
+enum WithGrad {
+    /// y = softmax(x) over the last dimension.
+    Softmax,
+    /// y = (x − mean) / √(var + eps) over the last dimension.
+    LayerNorm { eps: f64 },
+}
+
+impl WithGrad {
+    fn pass<S: candle_core::backend::BackendStorage>(y: &S, l: &Layout) -> Result<(S, Shape)> {
+        if !l.is_contiguous() || l.start_offset() != 0 {
+            candle_core::bail!("WithGrad: the result must be a fresh contiguous tensor");
+        }
+        Ok((y.try_clone(l)?, l.shape().clone()))
+    }
+}
+
+impl CustomOp2 for WithGrad {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Softmax => "softmax-with-grad",
+            Self::LayerNorm { .. } => "layer-norm-with-grad",
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        y: &CpuStorage,
+        l: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        Self::pass(y, l)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        y: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Self::pass(y, l)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        _: &Tensor,
+        y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = match self {
+            // dx = y ⊙ (g − Σ g ⊙ y)
+            Self::Softmax => {
+                let gy = (grad * y)?;
+                let s = gy.sum_keepdim(D::Minus1)?;
+                (gy - y.broadcast_mul(&s)?)?
+            }
+            // dx = (g − mean(g) − x̂ ⊙ mean(g ⊙ x̂)) / √(var + eps)
+            Self::LayerNorm { eps } => {
+                let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+                let rstd = (centred.sqr()?.mean_keepdim(D::Minus1)? + *eps)?
+                    .sqrt()?
+                    .recip()?;
+                let m1 = grad.mean_keepdim(D::Minus1)?;
+                let m2 = (grad * y)?.mean_keepdim(D::Minus1)?;
+                grad.broadcast_sub(&m1)?
+                    .sub(&y.broadcast_mul(&m2)?)?
+                    .broadcast_mul(&rstd)?
+            }
+        };
+        Ok((Some(dx), None))
+    }
+}
+
+/// LayerNorm from Candle's fused kernel (for x̂) and the affine part.
+fn layer_norm_kernels(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let xhat = candle_nn::ops::layer_norm(&x, &w.ones_like()?, &w.zeros_like()?, eps as f32)?;
+    let xhat = x.apply_op2(&xhat, WithGrad::LayerNorm { eps })?;
+    xhat.broadcast_mul(w)?.broadcast_add(b)
+}
+
+/// Softmax over the last dimension from Candle's fused kernel.
+fn softmax_kernels(x: &Tensor) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let y = candle_nn::ops::softmax_last_dim(&x)?;
+    x.apply_op2(&y, WithGrad::Softmax)
 }
 
 // ---------------------------------------------------------------- masked softmax
@@ -301,6 +407,9 @@ pub fn masked_softmax(scores: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> 
         Some(bias) => scores.broadcast_add(bias)?,
         None => scores.clone(),
     };
+    if gpu_kernels(&x) {
+        return softmax_kernels(&x);
+    }
     candle_nn::ops::softmax(&x, D::Minus1)
 }
 
@@ -765,6 +874,52 @@ mod tests {
                 max_diff(a, b)
             );
         }
+    }
+
+    /// Values and gradients of `f` and `g` on the same f32 inputs agree.
+    fn same_grads(f: impl Fn(&Tensor) -> Tensor, g: impl Fn(&Tensor) -> Tensor, x: &Tensor) {
+        let wts = randn(x.dims(), 99);
+        let run = |h: &dyn Fn(&Tensor) -> Tensor| {
+            let v = Var::from_tensor(x).unwrap();
+            let y = h(v.as_tensor());
+            let grads = (&y * &wts).unwrap().sum_all().unwrap().backward().unwrap();
+            (y, grads.get(v.as_tensor()).unwrap().clone())
+        };
+        let ((y1, g1), (y2, g2)) = (run(&f), run(&g));
+        assert!(
+            max_diff(&y1, &y2) < 1e-5,
+            "values differ by {}",
+            max_diff(&y1, &y2)
+        );
+        assert!(
+            max_diff(&g1, &g2) < 1e-5,
+            "gradients differ by {}",
+            max_diff(&g1, &g2)
+        );
+    }
+
+    #[test]
+    fn gpu_paths_have_the_composites_gradients() {
+        // The kernels the GPU path uses also run on the CPU, so their backward is checked here.
+        let x = randn(&[3, 5, 8], 7);
+        let (w, b) = (randn(&[8], 8), randn(&[8], 9));
+        let composite = |x: &Tensor| {
+            let mean = x.mean_keepdim(D::Minus1)?;
+            let centred = x.broadcast_sub(&mean)?;
+            let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+            let normed = centred.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+            normed.broadcast_mul(&w)?.broadcast_add(&b)
+        };
+        same_grads(
+            |x| layer_norm_kernels(x, &w, &b, 1e-5).unwrap(),
+            |x| composite(x).unwrap(),
+            &x,
+        );
+        same_grads(
+            |x| softmax_kernels(x).unwrap(),
+            |x| candle_nn::ops::softmax(x, D::Minus1).unwrap(),
+            &x,
+        );
     }
 
     #[test]
