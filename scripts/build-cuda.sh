@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds nmt with --features cuda on a machine with no GPU and no system CUDA toolkit.
 #   scripts/build-cuda.sh            -> target/cuda/release/nmt
+#   scripts/build-cuda.sh --tests    -> also target/cuda/release/nmt-cuda-tests, the CPU/GPU
+#                                       agreement tests (tests/cuda.rs) as one binary to carry
+#                                       to a GPU machine (run it from a checkout's root)
 #
 # CUDA's compiler and headers come from PyPI wheels installed in a venv:
 #   nvidia-cuda-nvcc, nvidia-cuda-runtime, nvidia-cuda-cccl (+ nvidia-nvvm, nvidia-cuda-crt),
@@ -21,6 +24,8 @@
 # compiler), CUDA_COMPUTE_CAP, LIBRARY_PATH (the static CUDA runtime) and
 # CARGO_TARGET_DIR=target/cuda.
 set -euo pipefail
+tests=0
+case "${1:-}" in --tests) tests=1 ;; "") ;; *) echo "usage: $0 [--tests]" >&2; exit 2 ;; esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${NMT_CUDA_VENV:-/tmp/nmt-cuda-venv}
 version=${NMT_CUDA_VERSION:-13.0}
@@ -74,10 +79,22 @@ export LIBRARY_PATH="$linkdir${LIBRARY_PATH:+:$LIBRARY_PATH}"
 # The patch rewrites Cargo.lock while it is in effect; put the committed one back after.
 cp Cargo.lock "$CARGO_TARGET_DIR/Cargo.lock.saved"
 trap 'cp "$CARGO_TARGET_DIR/Cargo.lock.saved" "$root/Cargo.lock"' EXIT
-cargo build --release --features cuda --config "patch.crates-io.candle-core.path=\"$patched\""
+patch=(--config "patch.crates-io.candle-core.path=\"$patched\"")
+cargo build --release --features cuda "${patch[@]}"
 bin=$CARGO_TARGET_DIR/release/nmt
 echo "built $bin"
 if readelf -d "$bin" | grep -E 'NEEDED.*lib(cuda|cudart|cublas|curand|nvrtc)' ; then
   echo "build-cuda.sh: the binary links CUDA libraries at build time" >&2; exit 1
 fi
 echo "links no CUDA library; the driver and cuBLAS are loaded when --device cuda is used"
+if [ "$tests" = 1 ]; then
+  exe=$(cargo test --release --features cuda "${patch[@]}" --test cuda --no-run --message-format=json \
+    | "$venv/bin/python" -c '
+import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
+        print(m["executable"])')
+  cp "$exe" "$CARGO_TARGET_DIR/release/nmt-cuda-tests"
+  echo "built $CARGO_TARGET_DIR/release/nmt-cuda-tests"
+fi

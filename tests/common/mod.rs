@@ -73,10 +73,16 @@ pub fn multi30k() -> Option<PathBuf> {
 }
 
 /// A folder under tests/fixtures.
+/// A fixture folder. Test binaries carried to another machine (scripts/build-cuda.sh --tests)
+/// find the fixtures under the working directory when the build's checkout is not there.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let root = if built.is_dir() {
+        built
+    } else {
+        PathBuf::from("tests/fixtures")
+    };
+    root.join(name)
 }
 
 /// The `transformers.json` a fixture generator recorded next to a model fixture.
