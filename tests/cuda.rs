@@ -12,7 +12,7 @@ use nmt::model::weights::Weights;
 use nmt::model::{ModelConfig, Seq2Seq};
 
 mod common;
-use common::{fixture, max_rel_diff};
+use common::{fixture, max_abs, max_rel_diff};
 
 fn gpu() -> Option<Device> {
     match select_device(DeviceArg::Cuda, DtypeArg::F32) {
@@ -156,14 +156,6 @@ fn gpu_training_gradients_equal_cpu_gradients() {
     // Differences relative to the largest gradient entry of the model: some gradients are zero
     // in exact arithmetic (the key projections' biases: softmax ignores a constant shift) and
     // hold only rounding noise, which a per-tensor ratio would magnify.
-    let max_abs = |t: &Tensor| {
-        t.abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    };
     let scale = cpu_grads
         .iter()
         .map(|(_, c)| max_abs(c))

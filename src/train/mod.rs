@@ -207,7 +207,7 @@ impl Trainer<'_> {
             config: &self.model_config,
             tensors: self.weights.named_tensors().into_iter().collect(),
             tokenizer: &self.tok,
-            optimizer: Some(self.opt.state()),
+            optimizer: Some(self.opt.state()?),
             state: Some(state),
         }
         .save(step_dir)

@@ -47,10 +47,12 @@ pub struct Adam {
     /// [`Adam::load_state`]), then kept here, so that bf16 weights get f32 updates and the
     /// parameters need not be gathered at every step.
     master: Option<Tensor>,
+    /// Updates applied so far.
     pub step: usize,
 }
 
 impl Adam {
+    /// Adam over `vars` with zero moments.
     pub fn new(vars: Vec<(String, Var)>, cfg: AdamConfig) -> Result<Self> {
         let mut offset = 0;
         let mut decay = Vec::new();
@@ -88,6 +90,7 @@ impl Adam {
         })
     }
 
+    /// The variables, in order.
     pub fn vars(&self) -> impl Iterator<Item = (&str, &Var)> {
         self.slots.iter().map(|s| (s.name.as_str(), &s.var))
     }
@@ -127,14 +130,7 @@ impl Adam {
                 self.slots.len()
             );
         }
-        let flat = |ts: Vec<Tensor>| -> Result<Tensor> {
-            let ts = ts
-                .iter()
-                .map(|t| t.to_dtype(DType::F32)?.flatten_all())
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            Ok(Tensor::cat(&ts, 0)?)
-        };
-        let mut g = (flat(grads.to_vec())? * scale)?;
+        let mut g = (flat(grads.iter())? * scale)?;
         if let Some(mask) = &self.grad_mask {
             g = (g * mask)?;
         }
@@ -161,12 +157,7 @@ impl Adam {
         let step = ((&self.m / bc1)? / denom)?;
         let theta = match self.master.take() {
             Some(t) => t.detach(),
-            None => flat(
-                self.slots
-                    .iter()
-                    .map(|s| s.var.as_tensor().clone())
-                    .collect(),
-            )?,
+            None => flat(self.slots.iter().map(|s| s.var.as_tensor()))?,
         };
         let mut new = (&theta - (step * lr)?)?;
         if weight_decay > 0.0 {
@@ -180,19 +171,18 @@ impl Adam {
         Ok(norm)
     }
 
-    /// The moments per parameter, named `{name}.exp_avg` and `{name}.exp_avg_sq`.
-    pub fn state(&self) -> HashMap<String, Tensor> {
+    /// The moments per parameter, named `{name}.exp_avg` and `{name}.exp_avg_sq`, for saving.
+    pub fn state(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for s in &self.slots {
             let part = |t: &Tensor| t.narrow(0, s.offset, s.len)?.reshape(s.var.shape());
-            if let (Ok(m), Ok(v)) = (part(&self.m), part(&self.v)) {
-                out.insert(format!("{}.exp_avg", s.name), m);
-                out.insert(format!("{}.exp_avg_sq", s.name), v);
-            }
+            out.insert(format!("{}.exp_avg", s.name), part(&self.m)?);
+            out.insert(format!("{}.exp_avg_sq", s.name), part(&self.v)?);
         }
-        out
+        Ok(out)
     }
 
+    /// Restores moments saved by [`Adam::state`] and the step count.
     pub fn load_state(&mut self, path: &Path, step: usize) -> Result<()> {
         if self.slots.is_empty() {
             return Ok(());
@@ -226,6 +216,14 @@ impl Adam {
     }
 }
 
+/// The tensors as one flat f32 vector, in order.
+fn flat<'a>(ts: impl Iterator<Item = &'a Tensor>) -> Result<Tensor> {
+    let ts = ts
+        .map(|t| t.to_dtype(DType::F32)?.flatten_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&ts, 0)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,12 +249,14 @@ mod tests {
         assert!(v.iter().all(|a| a.abs() < 0.05), "{v:?}");
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("opt.safetensors");
-        candle_core::safetensors::save(&opt.state(), &p).unwrap();
+        candle_core::safetensors::save(&opt.state().unwrap(), &p).unwrap();
         let mut again = Adam::new(vec![("x".into(), x.clone())], cfg).unwrap();
         again.load_state(&p, opt.step).unwrap();
         assert_eq!(
-            again.state()["x.exp_avg"].to_vec1::<f32>().unwrap(),
-            opt.state()["x.exp_avg"].to_vec1::<f32>().unwrap()
+            again.state().unwrap()["x.exp_avg"]
+                .to_vec1::<f32>()
+                .unwrap(),
+            opt.state().unwrap()["x.exp_avg"].to_vec1::<f32>().unwrap()
         );
         assert_eq!(again.step, 500);
     }

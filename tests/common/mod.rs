@@ -136,13 +136,15 @@ pub fn toy_corpus(dir: &Path, name: &str, seed: u64, n: usize) -> (PathBuf, Path
 
 /// max |ours − theirs| / max |theirs|
 pub fn max_rel_diff(ours: &Tensor, theirs: &Tensor) -> f32 {
-    let max_abs = |t: &Tensor| {
-        t.abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    };
     max_abs(&(ours - theirs).unwrap()) / max_abs(theirs)
+}
+
+/// The largest absolute value of an f32 tensor.
+pub fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
