@@ -600,6 +600,11 @@ impl Seq2Seq {
             .broadcast_add(&self.final_logits_bias)?)
     }
 
+    /// The tied output projection's weight (V, d) and bias (1, V): logits = hidden Wᵀ + bias.
+    pub fn output_projection(&self) -> (&Tensor, &Tensor) {
+        (&self.shared, &self.final_logits_bias)
+    }
+
     /// Full teacher-forced forward pass to logits (B, T, V), for tests and parity checks.
     pub fn forward(&self, src: &Tensor, tgt_in: &Tensor) -> Result<Tensor> {
         let drop = Dropout::off();

@@ -534,6 +534,240 @@ pub fn smoothed_cross_entropy(logits: &Tensor, labels: &Tensor, epsilon: f64) ->
     Tensor::cat(&[loss, nll.detach()], 1)
 }
 
+/// Lanes of the vectorisable reductions below: independent partial sums the compiler can keep
+/// in SIMD registers (a plain left-to-right float sum cannot be reordered, so it runs serially).
+const LANES: usize = 16;
+
+fn lanes_fold(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> [f32; LANES] {
+    let mut acc = [init; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            acc[i] = f(acc[i], c[i]);
+        }
+    }
+    for (i, &v) in chunks.remainder().iter().enumerate() {
+        acc[i] = f(acc[i], v);
+    }
+    acc
+}
+
+/// Maximum of a row (−∞ for an empty one).
+fn row_max(x: &[f32]) -> f32 {
+    lanes_fold(x, f32::NEG_INFINITY, f32::max)
+        .into_iter()
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Sum of a row, in `LANES` partial sums.
+fn row_sum(x: &[f32]) -> f32 {
+    lanes_fold(x, 0.0, |a, b| a + b).into_iter().sum()
+}
+
+/// e^x in f32 without a libm call, so loops over it vectorise: Cephes' `expf` (range reduction
+/// by n·ln 2 split in two parts, degree-6 polynomial), within 2 ulp of the exact value for
+/// −87 ≤ x ≤ 88; smaller x give 0, larger saturate at e^88 (e^−87 ≈ 1.6e−38, the end of the normal range).
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
+    let underflow = x < -87.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let z = r * r;
+    let p = (((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 0.166_666_65)
+        * r
+        + 0.5)
+        * z
+        + r
+        + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let y = p * scale;
+    if underflow {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// Replaces each x of `row` by e^(x − shift) and returns their sum.
+fn exp_shifted_sum(row: &mut [f32], shift: f32) -> f32 {
+    row.iter_mut().for_each(|x| *x = fast_exp(*x - shift));
+    row_sum(row)
+}
+
+// ------------------------------------------ output projection + cross-entropy, fused
+
+/// Rows of logits materialised at a time by [`projected_cross_entropy`]: bounds its memory
+/// for large batches. Smaller blocks measured slower (each gemm re-packs the whole weight).
+const LOGIT_ROWS: usize = 2048;
+
+struct ProjectedCrossEntropy {
+    epsilon: f32,
+    labels: Vec<u32>,
+    with_grad: bool,
+    /// d(loss sum)/d hidden and d(loss sum)/d weight, computed during the forward pass.
+    grads: std::sync::Mutex<Option<(Tensor, Tensor)>>,
+}
+
+impl CustomOp3 for ProjectedCrossEntropy {
+    fn name(&self) -> &'static str {
+        "nmt-projected-cross-entropy"
+    }
+
+    /// hidden (N, d), weight (V, d), bias (1|V) → (2,): the smoothed-loss sum and the NLL sum.
+    /// Logits are formed `LOGIT_ROWS` rows at a time and turned into their gradient in place,
+    /// which then feeds the hidden and weight gradients: the (N, V) matrix never exists whole.
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (h, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let (v, d) = (l2.dims()[0], l2.dims()[1]);
+        let n = h.len() / d;
+        if n != self.labels.len() || b.len() != v {
+            candle_core::bail!(
+                "projected cross-entropy: {n} rows, {} labels, bias of {} for {v} classes",
+                self.labels.len(),
+                b.len()
+            );
+        }
+        if let Some(&y) = self.labels.iter().find(|&&y| y as usize >= v) {
+            candle_core::bail!(
+                "projected cross-entropy: label {y} is outside the vocabulary of {v}"
+            );
+        }
+        let eps = self.epsilon;
+        let (mut dh, mut dw) = if self.with_grad {
+            (vec![0f32; n * d], vec![0f32; v * d])
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let mut buf = vec![0f32; LOGIT_ROWS.min(n) * v];
+        let mut stats = vec![[0f32; 2]; n];
+        for c0 in (0..n).step_by(LOGIT_ROWS) {
+            let rows = LOGIT_ROWS.min(n - c0);
+            let hc = &h[c0 * d..(c0 + rows) * d];
+            let lg = &mut buf[..rows * v];
+            lg.chunks_mut(v).for_each(|r| r.copy_from_slice(b));
+            gemm_into(rows, v, d, lg, true, hc, d, 1, w, 1, d);
+            lg.par_chunks_mut(v)
+                .zip(stats[c0..c0 + rows].par_iter_mut())
+                .zip(self.labels[c0..c0 + rows].par_iter())
+                .for_each(|((row, st), &y)| {
+                    // One exponential per logit: e^(x − max) in place, then scaled to the
+                    // softmax for the gradient.
+                    let (max, mean, picked) =
+                        (row_max(row), row_sum(row) / v as f32, row[y as usize]);
+                    let sum = exp_shifted_sum(row, max);
+                    let lse = max + sum.ln();
+                    let nll = lse - picked;
+                    *st = [(1.0 - eps) * nll + eps * (lse - mean), nll];
+                    if self.with_grad {
+                        let (inv, uniform) = (1.0 / sum, eps / v as f32);
+                        row.iter_mut().for_each(|x| *x = *x * inv - uniform);
+                        row[y as usize] -= 1.0 - eps;
+                    }
+                });
+            if self.with_grad {
+                gemm_into(
+                    rows,
+                    d,
+                    v,
+                    &mut dh[c0 * d..(c0 + rows) * d],
+                    false,
+                    lg,
+                    v,
+                    1,
+                    w,
+                    d,
+                    1,
+                );
+                gemm_into(v, d, rows, &mut dw, c0 > 0, lg, 1, v, hc, d, 1);
+            }
+        }
+        if self.with_grad {
+            let dev = candle_core::Device::Cpu;
+            let grads = (
+                Tensor::from_vec(dh, (n, d), &dev)?,
+                Tensor::from_vec(dw, (v, d), &dev)?,
+            );
+            *self.grads.lock().unwrap() = Some(grads);
+        }
+        let (loss, nll) = stats
+            .iter()
+            .fold((0f64, 0f64), |(a, b), s| (a + s[0] as f64, b + s[1] as f64));
+        Ok((
+            CpuStorage::F32(vec![loss as f32, nll as f32]),
+            Shape::from(2),
+        ))
+    }
+
+    fn bwd(
+        &self,
+        _h: &Tensor,
+        _w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let Some((dh, dw)) = self.grads.lock().unwrap().clone() else {
+            candle_core::bail!("projected cross-entropy: no gradient was kept by the forward pass");
+        };
+        // Only the loss sum carries a gradient; the NLL sum is a report.
+        let g = grad.to_dtype(DType::F32)?.to_vec1::<f32>()?[0];
+        if g == 1.0 {
+            Ok((Some(dh), Some(dw), None))
+        } else {
+            Ok((Some((dh * g as f64)?), Some((dw * g as f64)?), None))
+        }
+    }
+}
+
+/// Label-smoothed cross-entropy of the projection `hidden Wᵀ + bias` against `labels`, summed
+/// over rows: (2,) = [smoothed loss sum, NLL sum]. hidden (N, d), weight (V, d), bias (1|V, V),
+/// labels (N,). Only the loss sum has a gradient (to hidden and weight; the bias is a fixed
+/// buffer). On the CPU in f32 one fused op computes the gradients alongside the loss when
+/// `with_grad` (training), never holding all N × V logits; elsewhere the composite path.
+pub fn projected_cross_entropy(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    labels: &Tensor,
+    epsilon: f64,
+    with_grad: bool,
+) -> Result<Tensor> {
+    if fused(hidden) && weight.dtype() == DType::F32 {
+        let op = ProjectedCrossEntropy {
+            epsilon: epsilon as f32,
+            labels: labels.to_vec1::<u32>()?,
+            with_grad,
+            grads: std::sync::Mutex::new(None),
+        };
+        let (h, w, b) = (
+            hidden.contiguous()?,
+            weight.contiguous()?,
+            bias.flatten_all()?,
+        );
+        return if with_grad {
+            h.apply_op3(&w, &b, op)
+        } else {
+            h.apply_op3_no_bwd(&w, &b, &op)
+        };
+    }
+    let logits = hidden.matmul(&weight.t()?)?.broadcast_add(bias)?;
+    let per_row = smoothed_cross_entropy(&logits.to_dtype(DType::F32)?, labels, epsilon)?;
+    let sums = per_row.sum(0)?;
+    Tensor::cat(&[sums.narrow(0, 0, 1)?, sums.narrow(0, 1, 1)?.detach()], 0)
+}
+
 // ---------------------------------------------------------------- linear (+ ReLU)
 
 struct LinearOp {
@@ -983,5 +1217,50 @@ mod tests {
             &[logits],
             &w,
         );
+    }
+
+    #[test]
+    fn projected_cross_entropy_matches_the_composite() {
+        // More rows than one block of logits, so the blocked weight gradient is exercised.
+        let n = LOGIT_ROWS + 37;
+        let (h, w, b) = (randn(&[n, 6], 21), randn(&[11, 6], 22), randn(&[1, 11], 23));
+        let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7) % 11).collect();
+        let labels = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap();
+        let wts = Tensor::new(&[0.5f32, 0.0], &Device::Cpu).unwrap();
+        let bias = b.clone();
+        check(
+            |t| {
+                let b = bias.to_dtype(t[0].dtype()).unwrap();
+                // Per row, so that the f32 sum's rounding stays under the tolerance.
+                (projected_cross_entropy(&t[0], &t[1], &b, &labels, 0.1, true).unwrap() / n as f64)
+                    .unwrap()
+            },
+            &[h.clone(), w.clone()],
+            &wts,
+        );
+        // Without gradients it reports the same sums.
+        let a = projected_cross_entropy(&h, &w, &b, &labels, 0.1, true).unwrap();
+        let z = projected_cross_entropy(&h, &w, &b, &labels, 0.1, false).unwrap();
+        assert!(max_diff(&a, &z) == 0.0);
+        let bad = Tensor::new(&[11u32], &Device::Cpu).unwrap();
+        let err = projected_cross_entropy(&h.narrow(0, 0, 1).unwrap(), &w, &b, &bad, 0.1, true);
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("outside the vocabulary"));
+    }
+
+    #[test]
+    fn fast_exp_is_within_two_ulp_of_exp() {
+        let mut worst = 0f64;
+        for i in -870_000..=880_000 {
+            let x = i as f32 * 1e-4;
+            let (got, want) = (fast_exp(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(worst < 2.5e-7, "relative error {worst}");
+        assert_eq!(fast_exp(-1e9), 0.0);
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(0.0), 1.0);
     }
 }

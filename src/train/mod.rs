@@ -161,13 +161,13 @@ impl Trainer<'_> {
         let h = m.decode(&b.tgt_in, &tgt_bias, &memory, &src_bias, drop)?;
         let (bs, t, d) = h.dims3()?;
         let rows = h.reshape((bs * t, d))?.index_select(&b.positions, 0)?;
-        let logits = m.logits(&rows)?;
         let eps = if drop.is_on() {
             self.cfg.label_smoothing
         } else {
             0.0
         };
-        loss::label_smoothed_nll(&logits, &b.labels, eps)
+        let (weight, bias) = m.output_projection();
+        loss::label_smoothed_nll(weight, bias, &rows, &b.labels, eps, drop.is_on())
     }
 
     fn validate(
