@@ -2,7 +2,8 @@
 //! restored exactly (candle's VarMap saves weights only).
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor, Var};
+use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Tensor, Var};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -31,22 +32,24 @@ struct Slot {
 /// Adam over all parameters at once: gradients, moments and weights are handled as one flat
 /// f32 vector, so that an update is a few dozen tensor operations whatever the number of
 /// parameters (on a GPU each operation is a kernel launch; per-parameter updates made the
-/// optimizer the slowest part of a step there). The arithmetic is elementwise and in the same
-/// order as a per-parameter update, so the results are the same.
+/// optimizer the slowest part of a step there), and on the CPU one fused pass over memory.
+/// The arithmetic is elementwise and in the same order as a per-parameter update.
 pub struct Adam {
     cfg: AdamConfig,
     slots: Vec<Slot>,
-    /// First and second moments, flat.
-    m: Tensor,
-    v: Tensor,
+    /// Parameters in all.
+    n: usize,
+    /// First moments, second moments and f32 master weights, flat, one after the other (3n).
+    /// The master weights are read from the parameters at the first update (and after
+    /// [`Adam::load_state`]), then kept here, so that bf16 weights get f32 updates and the
+    /// parameters need not be gathered at every step.
+    state: Tensor,
+    /// Whether the master weights in `state` are current.
+    master_valid: bool,
     /// 1 where weight decay applies (matrices), 0 elsewhere (biases, LayerNorm).
     decay: Tensor,
     /// 0 on gradient entries that must stay zero (see [`Adam::freeze_row`]), else 1.
     grad_mask: Option<Tensor>,
-    /// The weights in f32, flat: read from the parameters at the first update (and after
-    /// [`Adam::load_state`]), then kept here, so that bf16 weights get f32 updates and the
-    /// parameters need not be gathered at every step.
-    master: Option<Tensor>,
     /// Updates applied so far.
     pub step: usize,
 }
@@ -77,15 +80,14 @@ impl Adam {
             .first()
             .map(|s| s.var.device().clone())
             .unwrap_or(candle_core::Device::Cpu);
-        let zeros = Tensor::zeros(offset, DType::F32, &device)?;
         Ok(Self {
             cfg,
             slots,
-            m: zeros.clone(),
-            v: zeros,
+            n: offset,
+            state: Tensor::zeros(3 * offset, DType::F32, &device)?,
+            master_valid: false,
             decay: Tensor::from_vec(decay, offset, &device)?,
             grad_mask: None,
-            master: None,
             step: 0,
         })
     }
@@ -110,12 +112,12 @@ impl Adam {
         }
         let mut mask = match &self.grad_mask {
             Some(m) => m.to_vec1::<f32>()?,
-            None => vec![1f32; self.m.elem_count()],
+            None => vec![1f32; self.n],
         };
         let start = slot.offset + row * cols;
         mask[start..start + cols].fill(0.0);
         let n = mask.len();
-        self.grad_mask = Some(Tensor::from_vec(mask, n, self.m.device())?);
+        self.grad_mask = Some(Tensor::from_vec(mask, n, self.state.device())?);
         Ok(())
     }
 
@@ -130,7 +132,17 @@ impl Adam {
                 self.slots.len()
             );
         }
-        let mut g = (flat(grads.iter())? * scale)?;
+        let g = flat(grads.iter())?;
+        if g.device().is_cpu() && self.n > 0 {
+            self.update_cpu(g, scale, clip_norm, lr)
+        } else {
+            self.update_tensors(g, scale, clip_norm, lr)
+        }
+    }
+
+    /// [`Adam::update`] in tensor operations, for any device.
+    fn update_tensors(&mut self, g: Tensor, scale: f64, clip_norm: f64, lr: f64) -> Result<f64> {
+        let mut g = (g * scale)?;
         if let Some(mask) = &self.grad_mask {
             g = (g * mask)?;
         }
@@ -151,33 +163,96 @@ impl Adam {
         // (the first step reads the weights, which are variables), which would keep every
         // step's tensors alive.
         let g = g.detach();
-        self.m = ((&self.m * beta1)? + (&g * (1.0 - beta1))?)?.detach();
-        self.v = ((&self.v * beta2)? + (g.sqr()? * (1.0 - beta2))?)?.detach();
-        let denom = ((&self.v / bc2)?.sqrt()? + eps)?;
-        let step = ((&self.m / bc1)? / denom)?;
-        let theta = match self.master.take() {
-            Some(t) => t.detach(),
-            None => flat(self.slots.iter().map(|s| s.var.as_tensor()))?,
+        let n = self.n;
+        let m = ((self.state.narrow(0, 0, n)? * beta1)? + (&g * (1.0 - beta1))?)?;
+        let v = ((self.state.narrow(0, n, n)? * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+        let denom = ((&v / bc2)?.sqrt()? + eps)?;
+        let step = ((&m / bc1)? / denom)?;
+        let theta = if self.master_valid {
+            self.state.narrow(0, 2 * n, n)?
+        } else {
+            flat(self.slots.iter().map(|s| s.var.as_tensor()))?.detach()
         };
         let mut new = (&theta - (step * lr)?)?;
         if weight_decay > 0.0 {
             new = (new - ((theta * &self.decay)? * (lr * weight_decay))?)?;
         }
+        self.state = Tensor::cat(&[&m, &v, &new], 0)?.detach();
+        self.master_valid = true;
+        self.write_weights()?;
+        Ok(norm)
+    }
+
+    /// [`Adam::update`] on the CPU: the gradient scaled and masked in place while its norm is
+    /// summed, then moments, master weights and decay in one parallel pass over `state`.
+    fn update_cpu(&mut self, g: Tensor, scale: f64, clip_norm: f64, lr: f64) -> Result<f64> {
+        let n = self.n;
+        // `flat` of a single tensor is that tensor: copy it before writing in place.
+        let g = if self.slots.len() == 1 { g.copy()? } else { g };
+        if self.grad_mask.is_none() {
+            self.grad_mask = Some(Tensor::ones(n, DType::F32, g.device())?);
+        }
+        let mask = self.grad_mask.as_ref().unwrap();
+        let scaled = ScaleAndNorm {
+            scale: scale as f32,
+            sum_sq: std::sync::Mutex::new(0.0),
+        };
+        g.inplace_op2(mask, &scaled)?;
+        let norm = scaled.sum_sq.into_inner().unwrap().sqrt();
+        let clip = if clip_norm > 0.0 && norm > clip_norm {
+            clip_norm / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        if !self.master_valid {
+            let theta = flat(self.slots.iter().map(|s| s.var.as_tensor()))?;
+            self.state.slice_set(&theta, 0, 2 * n)?;
+            self.master_valid = true;
+        }
+        self.step += 1;
+        let c = self.cfg;
+        self.state.inplace_op3(
+            &g,
+            &self.decay,
+            &AdamStep {
+                n,
+                clip: clip as f32,
+                beta1: c.beta1 as f32,
+                beta2: c.beta2 as f32,
+                eps: c.eps as f32,
+                bc1: (1.0 - c.beta1.powi(self.step as i32)) as f32,
+                bc2: (1.0 - c.beta2.powi(self.step as i32)) as f32,
+                lr: lr as f32,
+                decay: (lr * c.weight_decay) as f32,
+            },
+        )?;
+        self.write_weights()?;
+        Ok(norm)
+    }
+
+    /// Copies the master weights into the parameters.
+    fn write_weights(&self) -> Result<()> {
+        let master = self.state.narrow(0, 2 * self.n, self.n)?;
         for s in &self.slots {
-            let t = new.narrow(0, s.offset, s.len)?.reshape(s.var.shape())?;
+            let t = master.narrow(0, s.offset, s.len)?.reshape(s.var.shape())?;
             s.var.set(&t.to_dtype(s.var.dtype())?)?;
         }
-        self.master = Some(new.detach());
-        Ok(norm)
+        Ok(())
     }
 
     /// The moments per parameter, named `{name}.exp_avg` and `{name}.exp_avg_sq`, for saving.
     pub fn state(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for s in &self.slots {
-            let part = |t: &Tensor| t.narrow(0, s.offset, s.len)?.reshape(s.var.shape());
-            out.insert(format!("{}.exp_avg", s.name), part(&self.m)?);
-            out.insert(format!("{}.exp_avg_sq", s.name), part(&self.v)?);
+            // Copies: the state is updated in place on the CPU.
+            let part = |at: usize| {
+                self.state
+                    .narrow(0, at + s.offset, s.len)?
+                    .reshape(s.var.shape())?
+                    .copy()
+            };
+            out.insert(format!("{}.exp_avg", s.name), part(0)?);
+            out.insert(format!("{}.exp_avg_sq", s.name), part(self.n)?);
         }
         Ok(out)
     }
@@ -187,7 +262,7 @@ impl Adam {
         if self.slots.is_empty() {
             return Ok(());
         }
-        let device = self.m.device().clone();
+        let device = self.state.device().clone();
         let saved = candle_core::safetensors::load(path, &device)
             .with_context(|| format!("{}: cannot read optimizer state", path.display()))?;
         let (mut ms, mut vs) = (Vec::new(), Vec::new());
@@ -208,9 +283,9 @@ impl Adam {
             ms.push(get(format!("{}.exp_avg", s.name))?);
             vs.push(get(format!("{}.exp_avg_sq", s.name))?);
         }
-        self.m = Tensor::cat(&ms, 0)?;
-        self.v = Tensor::cat(&vs, 0)?;
-        self.master = None; // the weights were restored too: read them again
+        let zeros = Tensor::zeros(self.n, DType::F32, &device)?;
+        self.state = Tensor::cat(&[Tensor::cat(&ms, 0)?, Tensor::cat(&vs, 0)?, zeros], 0)?;
+        self.master_valid = false; // the weights were restored too: read them again
         self.step = step;
         Ok(())
     }
@@ -222,6 +297,116 @@ fn flat<'a>(ts: impl Iterator<Item = &'a Tensor>) -> Result<Tensor> {
         .map(|t| t.to_dtype(DType::F32)?.flatten_all())
         .collect::<candle_core::Result<Vec<_>>>()?;
     Ok(Tensor::cat(&ts, 0)?)
+}
+
+/// The contiguous f32 data of a CPU tensor's storage.
+fn data<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&s.as_slice::<f32>()?[a..b]),
+        None => candle_core::bail!("optimizer: tensor is not contiguous"),
+    }
+}
+
+fn data_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<&'a mut [f32]> {
+    match (l.contiguous_offsets(), s) {
+        (Some((a, b)), CpuStorage::F32(v)) => Ok(&mut v[a..b]),
+        _ => candle_core::bail!("optimizer: state is not contiguous f32"),
+    }
+}
+
+/// Elements per parallel task of the optimizer's passes.
+const CHUNK: usize = 1 << 16;
+
+/// g ← g · scale · mask, in place, summing the squares of the result (in f64).
+struct ScaleAndNorm {
+    scale: f32,
+    sum_sq: std::sync::Mutex<f64>,
+}
+
+impl InplaceOp2 for ScaleAndNorm {
+    fn name(&self) -> &'static str {
+        "nmt-adam-scale-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let (g, mask) = (data_mut(s1, l1)?, data(s2, l2)?);
+        let scale = self.scale;
+        let sum: f64 = g
+            .par_chunks_mut(CHUNK)
+            .zip(mask.par_chunks(CHUNK))
+            .map(|(g, m)| {
+                let mut acc = 0f64;
+                for (x, k) in g.iter_mut().zip(m) {
+                    *x *= scale * k;
+                    acc += (*x as f64) * (*x as f64);
+                }
+                acc
+            })
+            .sum();
+        *self.sum_sq.lock().unwrap() = sum;
+        Ok(())
+    }
+}
+
+/// One Adam step over the packed state [m | v | master] (3n), from the scaled gradient g and
+/// the weight-decay mask: the same formulas as the tensor path in [`Adam::update`].
+struct AdamStep {
+    n: usize,
+    clip: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    bc1: f32,
+    bc2: f32,
+    lr: f32,
+    /// lr · weight decay
+    decay: f32,
+}
+
+impl InplaceOp3 for AdamStep {
+    fn name(&self) -> &'static str {
+        "nmt-adam-step"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<()> {
+        let (state, g, wd) = (data_mut(s1, l1)?, data(s2, l2)?, data(s3, l3)?);
+        let n = self.n;
+        if state.len() != 3 * n || g.len() != n || wd.len() != n {
+            candle_core::bail!("optimizer: state, gradient and decay sizes disagree");
+        }
+        let (m, rest) = state.split_at_mut(n);
+        let (v, w) = rest.split_at_mut(n);
+        let s = self;
+        m.par_chunks_mut(CHUNK)
+            .zip(v.par_chunks_mut(CHUNK))
+            .zip(w.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK).zip(wd.par_chunks(CHUNK)))
+            .for_each(|(((m, v), w), (g, wd))| {
+                for i in 0..m.len() {
+                    let gi = g[i] * s.clip;
+                    m[i] = m[i] * s.beta1 + gi * (1.0 - s.beta1);
+                    v[i] = v[i] * s.beta2 + gi * gi * (1.0 - s.beta2);
+                    let step = (m[i] / s.bc1) / ((v[i] / s.bc2).sqrt() + s.eps);
+                    let theta = w[i];
+                    w[i] = theta - step * s.lr - theta * wd[i] * s.decay;
+                }
+            });
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -259,5 +444,76 @@ mod tests {
             opt.state().unwrap()["x.exp_avg"].to_vec1::<f32>().unwrap()
         );
         assert_eq!(again.step, 500);
+    }
+
+    #[test]
+    fn the_fused_cpu_step_equals_the_tensor_step() {
+        let cfg = AdamConfig {
+            beta1: 0.9,
+            beta2: 0.98,
+            eps: 1e-9,
+            weight_decay: 0.01,
+        };
+        let init = |seed: f32| {
+            let w = Tensor::arange(0f32, 12.0, &Device::Cpu).unwrap();
+            let w = ((w * 0.1).unwrap() + seed as f64).unwrap();
+            vec![
+                (
+                    "w".to_string(),
+                    Var::from_tensor(&w.reshape((3, 4)).unwrap()).unwrap(),
+                ),
+                (
+                    "b".to_string(),
+                    Var::new(&[0.5f32, -0.5], &Device::Cpu).unwrap(),
+                ),
+            ]
+        };
+        let (va, vb) = (init(0.3), init(0.3));
+        let mut a = Adam::new(va.clone(), cfg).unwrap();
+        let mut b = Adam::new(vb.clone(), cfg).unwrap();
+        a.freeze_row("w", 1).unwrap();
+        b.freeze_row("w", 1).unwrap();
+        for step in 0..4 {
+            let grads = |vars: &[(String, Var)]| -> Vec<Tensor> {
+                vars.iter()
+                    .map(|(_, v)| (v.as_tensor().sin().unwrap() * (step as f64 + 1.0)).unwrap())
+                    .collect()
+            };
+            // Clipping applies from the second step on (the norm grows with `step`).
+            let clip = 4.0;
+            let na = a.update(&grads(&va), 0.5, clip, 0.01).unwrap();
+            let g = flat(grads(&vb).iter()).unwrap();
+            let nb = b.update_tensors(g, 0.5, clip, 0.01).unwrap();
+            assert!((na - nb).abs() < 1e-5 * nb, "norms {na} {nb}");
+        }
+        for ((_, x), (_, y)) in va.iter().zip(&vb) {
+            let d = (x.as_tensor() - y.as_tensor()).unwrap().abs().unwrap();
+            let d = d
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(d < 1e-6, "weights differ by {d}");
+        }
+        let row1: Vec<f32> = va[0].1.as_tensor().get(1).unwrap().to_vec1().unwrap();
+        let want: Vec<f32> = (4..8).map(|i| 0.3 + i as f32 * 0.1).collect();
+        // The frozen row moves only by weight decay.
+        for (x, w) in row1.iter().zip(&want) {
+            assert!((x - w).abs() < 1e-3 && x != w, "{row1:?}");
+        }
+        let (sa, sb) = (a.state().unwrap(), b.state().unwrap());
+        for k in ["w.exp_avg", "w.exp_avg_sq", "b.exp_avg", "b.exp_avg_sq"] {
+            let d = (&sa[k] - &sb[k]).unwrap().abs().unwrap();
+            let d = d
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(d < 1e-6, "{k} differs by {d}");
+        }
     }
 }
