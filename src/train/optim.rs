@@ -244,12 +244,13 @@ impl Adam {
     pub fn state(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for s in &self.slots {
-            // Copies: the state is updated in place on the CPU.
+            // Copies of just this part (the state is updated in place on the CPU; `copy` would
+            // clone the whole state for every part).
             let part = |at: usize| {
                 self.state
                     .narrow(0, at + s.offset, s.len)?
                     .reshape(s.var.shape())?
-                    .copy()
+                    .force_contiguous()
             };
             out.insert(format!("{}.exp_avg", s.name), part(0)?);
             out.insert(format!("{}.exp_avg_sq", s.name), part(self.n)?);
@@ -504,6 +505,8 @@ mod tests {
             assert!((x - w).abs() < 1e-3 && x != w, "{row1:?}");
         }
         let (sa, sb) = (a.state().unwrap(), b.state().unwrap());
+        // Each part owns its data: a view into the whole state would start at an offset.
+        assert!(sa.values().all(|t| t.layout().start_offset() == 0));
         for k in ["w.exp_avg", "w.exp_avg_sq", "b.exp_avg", "b.exp_avg_sq"] {
             let d = (&sa[k] - &sb[k]).unwrap().abs().unwrap();
             let d = d
