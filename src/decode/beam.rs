@@ -3,10 +3,10 @@
 //! kept, and the same early-stopping heuristic (`early_stopping=False`), so that outputs equal
 //! transformers' token for token.
 
-use super::{pad_ban, pad_batch};
+use super::{host_logits, log_normalisers, pad_batch};
 use crate::model::{Dropout, Seq2Seq};
 use anyhow::Result;
-use candle_core::{DType, Tensor, D};
+use candle_core::Tensor;
 
 /// Beam search settings.
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +72,7 @@ pub fn beam_search(
     let expand = Tensor::new(expand.as_slice(), model.device())?;
     let mut bias = src_bias.index_select(&expand, 0)?;
     let mut cache = model.start_decoding(&memory.index_select(&expand, 0)?)?;
-    let ban = pad_ban(model)?;
+    let pad = cfg.pad_token_id as usize;
     let mut sents: Vec<Sentence> = (0..n)
         .map(|i| Sentence {
             running: (0..k)
@@ -88,11 +88,10 @@ pub fn beam_search(
     // cur_len counts the start token, as in transformers.
     let mut cur_len = 1;
     while !active.is_empty() {
-        let logits = model
-            .decode_step(&tokens, &mut cache, &bias)?
-            .to_dtype(DType::F32)?;
-        let logp = candle_nn::ops::log_softmax(&logits.broadcast_add(&ban)?, D::Minus1)?;
-        let logp: Vec<f32> = logp.flatten_all()?.to_vec1()?;
+        // Log-probabilities (x − max) − log Σ e^(x − max) (`<pad>` at −∞), formed as the scan
+        // below reads them: no (rows, V) log-softmax is materialised.
+        let logits = host_logits(&model.decode_step(&tokens, &mut cache, &bias)?, pad)?;
+        let norms = log_normalisers(&logits, v);
         let mut next_rows: Vec<u32> = Vec::new();
         let mut next_tokens: Vec<u32> = Vec::new();
         let mut still: Vec<usize> = Vec::new();
@@ -104,12 +103,13 @@ pub fn beam_search(
             // Top 2K continuations over K×V (score, beam, token), best first.
             let mut top: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + 1);
             for (b, (_, beam_score)) in s.running.iter().enumerate() {
-                let row = &logp[(slot * k + b) * v..(slot * k + b + 1) * v];
-                for (tok, &lp) in row.iter().enumerate() {
+                let r = slot * k + b;
+                let (max, log_sum) = norms[r];
+                for (tok, &x) in logits[r * v..(r + 1) * v].iter().enumerate() {
                     let lp = match (at_limit, tok as u32 == eos) {
                         (true, true) => 0.0,
                         (true, false) => f64::NEG_INFINITY,
-                        (false, _) => lp as f64,
+                        (false, _) => ((x - max) - log_sum) as f64,
                     };
                     let score = beam_score + lp;
                     if top.len() < 2 * k || score > top.last().unwrap().0 {

@@ -3,9 +3,11 @@
 
 pub mod beam;
 
+use crate::model::ops::{exp_sum, row_max};
 use crate::model::{Dropout, Seq2Seq};
 use anyhow::Result;
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
+use rayon::prelude::*;
 
 /// Right-pads id sequences into a (B, S) tensor.
 pub fn pad_batch(model: &Seq2Seq, seqs: &[Vec<u32>]) -> Result<Tensor> {
@@ -19,12 +21,37 @@ pub fn pad_batch(model: &Seq2Seq, seqs: &[Vec<u32>]) -> Result<Tensor> {
     Ok(Tensor::from_vec(flat, (seqs.len(), width), model.device())?)
 }
 
-/// Logit bias (1, V) that forbids `<pad>`: it is the start token, never an output.
-pub fn pad_ban(model: &Seq2Seq) -> Result<Tensor> {
-    let v = model.config.vocab_size;
-    let mut bias = vec![0f32; v];
-    bias[model.config.pad_token_id as usize] = f32::NEG_INFINITY;
-    Ok(Tensor::from_vec(bias, (1, v), model.device())?)
+/// Output logits (rows, V) of a decoder step on the host, f32, row-major, with `<pad>` at −∞
+/// in every row: it is the start token, never an output.
+pub fn host_logits(logits: &Tensor, pad: usize) -> Result<Vec<f32>> {
+    let mut out: Vec<f32> = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let v = logits.dim(candle_core::D::Minus1)?;
+    out.chunks_mut(v)
+        .for_each(|row| row[pad] = f32::NEG_INFINITY);
+    Ok(out)
+}
+
+/// Index of the largest entry of `row`, the first one on ties.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = (f32::NEG_INFINITY, 0usize);
+    for (i, &x) in row.iter().enumerate() {
+        if x > best.0 {
+            best = (x, i);
+        }
+    }
+    best.1 as u32
+}
+
+/// Per row of `logits` (rows of length `v`), the max and log Σ e^(x − max): the
+/// log-probability of token t is (x_t − max) − that log, a log-softmax's arithmetic.
+pub fn log_normalisers(logits: &[f32], v: usize) -> Vec<(f32, f32)> {
+    logits
+        .par_chunks(v)
+        .map(|row| {
+            let max = row_max(row);
+            (max, exp_sum(row, max).ln())
+        })
+        .collect()
 }
 
 /// Greedy search for a batch of sources (each ending in `</s>`). `max_lens[i]` bounds the
@@ -41,7 +68,7 @@ pub fn greedy(model: &Seq2Seq, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<
     let mut bias = model.padding_bias(&src)?;
     let memory = model.encode(&src, &bias, &Dropout::off())?;
     let mut cache = model.start_decoding(&memory)?;
-    let ban = pad_ban(model)?;
+    let (v, pad) = (cfg.vocab_size, cfg.pad_token_id as usize);
     let mut active: Vec<usize> = (0..n).collect();
     let mut tokens = Tensor::full(cfg.decoder_start_token_id, (n, 1), model.device())?;
     let limit = max_lens
@@ -51,12 +78,8 @@ pub fn greedy(model: &Seq2Seq, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<
         .unwrap_or(0)
         .min(cfg.max_position_embeddings);
     for step in 0..limit {
-        let logits = model.decode_step(&tokens, &mut cache, &bias)?;
-        let next: Vec<u32> = logits
-            .to_dtype(DType::F32)?
-            .broadcast_add(&ban)?
-            .argmax(D::Minus1)?
-            .to_vec1()?;
+        let logits = host_logits(&model.decode_step(&tokens, &mut cache, &bias)?, pad)?;
+        let next: Vec<u32> = logits.par_chunks(v).map(argmax).collect();
         let mut keep = Vec::with_capacity(active.len());
         let mut keep_tokens = Vec::with_capacity(active.len());
         for (row, (&i, &tok)) in active.iter().zip(&next).enumerate() {

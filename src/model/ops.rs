@@ -553,7 +553,7 @@ fn lanes_fold(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> [f32; LANES]
 }
 
 /// Maximum of a row (−∞ for an empty one).
-fn row_max(x: &[f32]) -> f32 {
+pub fn row_max(x: &[f32]) -> f32 {
     lanes_fold(x, f32::NEG_INFINITY, f32::max)
         .into_iter()
         .fold(f32::NEG_INFINITY, f32::max)
@@ -590,6 +590,13 @@ pub fn fast_exp(x: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// Σ e^(x − shift) over `row`, in `LANES` partial sums.
+pub fn exp_sum(row: &[f32], shift: f32) -> f32 {
+    lanes_fold(row, 0.0, |a, x| a + fast_exp(x - shift))
+        .into_iter()
+        .sum()
 }
 
 /// Replaces each x of `row` by e^(x − shift) and returns their sum.
