@@ -28,9 +28,12 @@ import time, torch
 torch.set_num_threads(2)
 a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
 for _ in range(3): a @ b
-t = time.time(); n = 20
-for _ in range(n): a @ b
-print(round(2 * 2048**3 * n / (time.time() - t) / 1e9, 1))
+best, n = 0.0, 10
+for _ in range(5):  # best of 5: one slow repetition on a shared machine is not the peak
+    t = time.time()
+    for _ in range(n): a @ b
+    best = max(best, 2 * 2048**3 * n / (time.time() - t) / 1e9)
+print(round(best, 1))
 PY
 )
 median() { "$py" -c "import statistics,sys; print(round(statistics.median(float(x) for x in sys.stdin.read().split())))"; }

@@ -595,9 +595,8 @@ impl Seq2Seq {
 
     /// Output logits for hidden states (N, d) → (N, V): tied projection plus final_logits_bias.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(hidden
-            .matmul(&self.shared.t()?)?
-            .broadcast_add(&self.final_logits_bias)?)
+        let bias = self.final_logits_bias.flatten_all()?;
+        Ok(ops::linear(hidden, &self.shared, &bias, false)?)
     }
 
     /// The tied output projection's weight (V, d) and bias (1, V): logits = hidden Wᵀ + bias.
