@@ -7,6 +7,7 @@ use super::{host_logits, log_normalisers, pad_batch};
 use crate::model::{Dropout, Seq2Seq};
 use anyhow::Result;
 use candle_core::Tensor;
+use rayon::prelude::*;
 
 /// Beam search settings.
 #[derive(Debug, Clone, Copy)]
@@ -92,33 +93,30 @@ pub fn beam_search(
         // below reads them: no (rows, V) log-softmax is materialised.
         let logits = host_logits(&model.decode_step(&tokens, &mut cache, &bias)?, pad)?;
         let norms = log_normalisers(&logits, v);
+        // Top 2K continuations of each sentence, in parallel over sentences.
+        let tops: Vec<Vec<(f64, usize, u32)>> = active
+            .par_iter()
+            .enumerate()
+            .map(|(slot, &i)| {
+                let s = &sents[i];
+                let rows = slot * k..(slot + 1) * k;
+                top_candidates(
+                    &logits[rows.start * v..rows.end * v],
+                    &norms[rows],
+                    &s.running,
+                    eos,
+                    // transformers: max_length = 1 + max_len; `</s>` is forced at
+                    // cur_len == max_length - 1 and every candidate hits the limit there.
+                    cur_len >= s.max_len,
+                )
+            })
+            .collect();
         let mut next_rows: Vec<u32> = Vec::new();
         let mut next_tokens: Vec<u32> = Vec::new();
         let mut still: Vec<usize> = Vec::new();
-        for (slot, &i) in active.iter().enumerate() {
+        for ((slot, &i), top) in active.iter().enumerate().zip(tops) {
             let s = &mut sents[i];
-            // transformers: max_length = 1 + max_len; `</s>` is forced at cur_len == max_length - 1
-            // and every candidate hits the length limit there.
             let at_limit = cur_len >= s.max_len;
-            // Top 2K continuations over K×V (score, beam, token), best first.
-            let mut top: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + 1);
-            for (b, (_, beam_score)) in s.running.iter().enumerate() {
-                let r = slot * k + b;
-                let (max, log_sum) = norms[r];
-                for (tok, &x) in logits[r * v..(r + 1) * v].iter().enumerate() {
-                    let lp = match (at_limit, tok as u32 == eos) {
-                        (true, true) => 0.0,
-                        (true, false) => f64::NEG_INFINITY,
-                        (false, _) => ((x - max) - log_sum) as f64,
-                    };
-                    let score = beam_score + lp;
-                    if top.len() < 2 * k || score > top.last().unwrap().0 {
-                        let pos = top.partition_point(|t| t.0 >= score);
-                        top.insert(pos, (score, b, tok as u32));
-                        top.truncate(2 * k);
-                    }
-                }
-            }
             let hits: Vec<bool> = top.iter().map(|&(_, _, t)| t == eos || at_limit).collect();
             // Finished candidates among the top K join the finished set.
             for (r, &(score, b, t)) in top.iter().enumerate().take(k) {
@@ -193,4 +191,54 @@ pub fn beam_search(
                 .collect()
         })
         .collect())
+}
+
+/// The best 2K continuations (score, beam, token) of one sentence, best first, over its K
+/// rows of logits (K×V) with their log-normalisers and the running beams' scores. A token's
+/// score is beam score + (x − max) − log_sum; at the length limit only `</s>` (log-prob 0) is
+/// finite. Ties keep scan order, as transformers' top-k does over the flattened K×V scores.
+fn top_candidates(
+    logits: &[f32],
+    norms: &[(f32, f32)],
+    running: &[(Vec<u32>, f64)],
+    eos: u32,
+    at_limit: bool,
+) -> Vec<(f64, usize, u32)> {
+    let want = 2 * running.len();
+    let v = logits.len() / running.len().max(1);
+    let mut top: Vec<(f64, usize, u32)> = Vec::with_capacity(want + 1);
+    for (b, &(_, beam_score)) in running.iter().enumerate() {
+        let row = &logits[b * v..(b + 1) * v];
+        let (max, log_sum) = norms[b];
+        // Once 2K candidates are held, a logit below `bound` cannot enter: it sits under the
+        // exact threshold by far more than f32 rounding, so most of a row costs one comparison.
+        let bound_of = |top: &Vec<(f64, usize, u32)>| {
+            if top.len() < want {
+                return f32::NEG_INFINITY;
+            }
+            let gap = top.last().unwrap().0 - beam_score;
+            (gap as f32) + max + log_sum - (1e-3 + 1e-6 * gap.abs() as f32)
+        };
+        let mut bound = bound_of(&top);
+        for (tok, &x) in row.iter().enumerate() {
+            if x < bound {
+                continue;
+            }
+            let lp = match (at_limit, tok as u32 == eos) {
+                (true, true) => 0.0,
+                (true, false) => f64::NEG_INFINITY,
+                (false, _) => ((x - max) - log_sum) as f64,
+            };
+            let score = beam_score + lp;
+            if top.len() < want || score > top.last().unwrap().0 {
+                let pos = top.partition_point(|t| t.0 >= score);
+                top.insert(pos, (score, b, tok as u32));
+                top.truncate(want);
+                if !at_limit {
+                    bound = bound_of(&top);
+                }
+            }
+        }
+    }
+    top
 }
