@@ -447,6 +447,11 @@ mod tests {
         assert_eq!(again.step, 500);
     }
 
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap();
+        d.max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
     #[test]
     fn the_fused_cpu_step_equals_the_tensor_step() {
         let cfg = AdamConfig {
@@ -488,14 +493,7 @@ mod tests {
             assert!((na - nb).abs() < 1e-5 * nb, "norms {na} {nb}");
         }
         for ((_, x), (_, y)) in va.iter().zip(&vb) {
-            let d = (x.as_tensor() - y.as_tensor()).unwrap().abs().unwrap();
-            let d = d
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let d = max_abs_diff(x.as_tensor(), y.as_tensor());
             assert!(d < 1e-6, "weights differ by {d}");
         }
         let row1: Vec<f32> = va[0].1.as_tensor().get(1).unwrap().to_vec1().unwrap();
@@ -508,14 +506,7 @@ mod tests {
         // Each part owns its data: a view into the whole state would start at an offset.
         assert!(sa.values().all(|t| t.layout().start_offset() == 0));
         for k in ["w.exp_avg", "w.exp_avg_sq", "b.exp_avg", "b.exp_avg_sq"] {
-            let d = (&sa[k] - &sb[k]).unwrap().abs().unwrap();
-            let d = d
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let d = max_abs_diff(&sa[k], &sb[k]);
             assert!(d < 1e-6, "{k} differs by {d}");
         }
     }
