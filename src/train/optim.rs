@@ -1,6 +1,7 @@
 //! Adam with decoupled weight decay, gradient-norm clipping, and a state that is saved and
 //! restored exactly (candle's VarMap saves weights only).
 
+use crate::model::ops::slice;
 use anyhow::{bail, Context, Result};
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Tensor, Var};
 use rayon::prelude::*;
@@ -300,14 +301,7 @@ fn flat<'a>(ts: impl Iterator<Item = &'a Tensor>) -> Result<Tensor> {
     Ok(Tensor::cat(&ts, 0)?)
 }
 
-/// The contiguous f32 data of a CPU tensor's storage.
-fn data<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&s.as_slice::<f32>()?[a..b]),
-        None => candle_core::bail!("optimizer: tensor is not contiguous"),
-    }
-}
-
+/// The contiguous f32 data of a CPU tensor's storage, writable.
 fn data_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<&'a mut [f32]> {
     match (l.contiguous_offsets(), s) {
         (Some((a, b)), CpuStorage::F32(v)) => Ok(&mut v[a..b]),
@@ -336,7 +330,7 @@ impl InplaceOp2 for ScaleAndNorm {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<()> {
-        let (g, mask) = (data_mut(s1, l1)?, data(s2, l2)?);
+        let (g, mask) = (data_mut(s1, l1)?, slice(s2, l2)?);
         let scale = self.scale;
         let sum: f64 = g
             .par_chunks_mut(CHUNK)
@@ -384,7 +378,7 @@ impl InplaceOp3 for AdamStep {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> candle_core::Result<()> {
-        let (state, g, wd) = (data_mut(s1, l1)?, data(s2, l2)?, data(s3, l3)?);
+        let (state, g, wd) = (data_mut(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let n = self.n;
         if state.len() != 3 * n || g.len() != n || wd.len() != n {
             candle_core::bail!("optimizer: state, gradient and decay sizes disagree");
