@@ -97,10 +97,10 @@ fn incremental_decoding_on_the_gpu_equals_its_full_forward_pass() {
     let drop = nmt::model::Dropout::off();
     let bias = m.padding_bias(&s).unwrap();
     let memory = m.encode(&s, &bias, &drop).unwrap();
-    let mut cache = m.start_decoding(&memory).unwrap();
+    let mut cache = m.start_decoding(&memory, &bias, 1).unwrap();
     for i in 0..7 {
         let step = m
-            .decode_step(&t.narrow(1, i, 1).unwrap(), &mut cache, &bias)
+            .decode_step(&t.narrow(1, i, 1).unwrap(), &mut cache)
             .unwrap();
         let want = full.narrow(1, i, 1).unwrap().squeeze(1).unwrap();
         // Rows whose target has ended (padding) are not compared.

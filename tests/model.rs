@@ -54,10 +54,10 @@ fn incremental_decoding_equals_the_full_forward_pass() {
     let drop = nmt::model::Dropout::off();
     let bias = model.padding_bias(&src).unwrap();
     let memory = model.encode(&src, &bias, &drop).unwrap();
-    let mut cache = model.start_decoding(&memory).unwrap();
+    let mut cache = model.start_decoding(&memory, &bias, 1).unwrap();
     for t in 0..4 {
         let step = model
-            .decode_step(&tgt.narrow(1, t, 1).unwrap(), &mut cache, &bias)
+            .decode_step(&tgt.narrow(1, t, 1).unwrap(), &mut cache)
             .unwrap();
         let want = full.narrow(1, t, 1).unwrap().squeeze(1).unwrap();
         let rel = max_rel_diff(&step, &want);

@@ -67,12 +67,7 @@ pub fn beam_search(
     let src_bias = model.padding_bias(&src)?;
     let memory = model.encode(&src, &src_bias, &Dropout::off())?;
     // Rows are sentence-major: sentence i owns rows i*K..(i+1)*K.
-    let expand: Vec<u32> = (0..n as u32)
-        .flat_map(|i| std::iter::repeat_n(i, k))
-        .collect();
-    let expand = Tensor::new(expand.as_slice(), model.device())?;
-    let mut bias = src_bias.index_select(&expand, 0)?;
-    let mut cache = model.start_decoding(&memory.index_select(&expand, 0)?)?;
+    let mut cache = model.start_decoding(&memory, &src_bias, k)?;
     let pad = cfg.pad_token_id as usize;
     let mut sents: Vec<Sentence> = (0..n)
         .map(|i| Sentence {
@@ -91,26 +86,28 @@ pub fn beam_search(
     while !active.is_empty() {
         // Log-probabilities (x − max) − log Σ e^(x − max) (`<pad>` at −∞), formed as the scan
         // below reads them: no (rows, V) log-softmax is materialised.
-        let logits = host_logits(&model.decode_step(&tokens, &mut cache, &bias)?, pad)?;
-        let norms = log_normalisers(&logits, v);
+        let logits = host_logits(model.decode_step(&tokens, &mut cache)?, pad)?;
         // Top 2K continuations of each sentence, in parallel over sentences.
-        let tops: Vec<Vec<(f64, usize, u32)>> = active
-            .par_iter()
-            .enumerate()
-            .map(|(slot, &i)| {
-                let s = &sents[i];
-                let rows = slot * k..(slot + 1) * k;
-                top_candidates(
-                    &logits[rows.start * v..rows.end * v],
-                    &norms[rows],
-                    &s.running,
-                    eos,
-                    // transformers: max_length = 1 + max_len; `</s>` is forced at
-                    // cur_len == max_length - 1 and every candidate hits the limit there.
-                    cur_len >= s.max_len,
-                )
-            })
-            .collect();
+        let tops: Vec<Vec<(f64, usize, u32)>> = logits.read(|logits| {
+            let norms = log_normalisers(logits, v);
+            active
+                .par_iter()
+                .enumerate()
+                .map(|(slot, &i)| {
+                    let s = &sents[i];
+                    let rows = slot * k..(slot + 1) * k;
+                    top_candidates(
+                        &logits[rows.start * v..rows.end * v],
+                        &norms[rows],
+                        &s.running,
+                        eos,
+                        // transformers: max_length = 1 + max_len; `</s>` is forced at
+                        // cur_len == max_length - 1 and every candidate hits the limit there.
+                        cur_len >= s.max_len,
+                    )
+                })
+                .collect()
+        })?;
         let mut next_rows: Vec<u32> = Vec::new();
         let mut next_tokens: Vec<u32> = Vec::new();
         let mut still: Vec<usize> = Vec::new();
@@ -168,18 +165,11 @@ pub fn beam_search(
             still.push(i);
         }
         cur_len += 1;
-        let n_before = active.len();
         active = still;
         if active.is_empty() {
             break;
         }
-        let rows = Tensor::new(next_rows.as_slice(), model.device())?;
-        if active.len() == n_before {
-            cache = cache.reorder_beams(&rows)?;
-        } else {
-            cache = cache.select(&rows)?;
-            bias = bias.index_select(&rows, 0)?;
-        }
+        cache = cache.select(&next_rows)?;
         tokens = Tensor::from_vec(next_tokens, (active.len() * k, 1), model.device())?;
     }
     Ok(sents

@@ -6,7 +6,7 @@ pub mod beam;
 use crate::model::ops::{exp_sum, row_max};
 use crate::model::{Dropout, Seq2Seq};
 use anyhow::Result;
-use candle_core::{DType, Tensor};
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
 use rayon::prelude::*;
 
 /// Right-pads id sequences into a (B, S) tensor.
@@ -21,14 +21,64 @@ pub fn pad_batch(model: &Seq2Seq, seqs: &[Vec<u32>]) -> Result<Tensor> {
     Ok(Tensor::from_vec(flat, (seqs.len(), width), model.device())?)
 }
 
-/// Output logits (rows, V) of a decoder step on the host, f32, row-major, with `<pad>` at −∞
-/// in every row: it is the start token, never an output.
-pub fn host_logits(logits: &Tensor, pad: usize) -> Result<Vec<f32>> {
+/// Output logits (rows, V) of a decoder step, readable on the host as f32, row-major, with
+/// `<pad>` at −∞ in every row: it is the start token, never an output.
+pub struct HostLogits(Logits);
+
+enum Logits {
+    /// CPU f32 logits, read where they are (masked in place): no copy of rows × V floats.
+    InPlace(Tensor),
+    /// A host copy of logits from another device or dtype.
+    Copied(Vec<f32>),
+}
+
+/// Sets one column of a (rows, V) CPU f32 tensor to −∞, in place.
+struct HideColumn(usize);
+
+impl InplaceOp1 for HideColumn {
+    fn name(&self) -> &'static str {
+        "nmt-hide-column"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let v = *layout.dims().last().unwrap_or(&0);
+        let (CpuStorage::F32(data), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
+            candle_core::bail!("hide-column: expected contiguous f32 logits");
+        };
+        data[a..b]
+            .chunks_mut(v)
+            .for_each(|row| row[self.0] = f32::NEG_INFINITY);
+        Ok(())
+    }
+}
+
+/// Takes the logits of a decoder step (a fresh tensor: CPU logits are masked in place).
+pub fn host_logits(logits: Tensor, pad: usize) -> Result<HostLogits> {
+    if logits.device().is_cpu() && logits.dtype() == DType::F32 && logits.is_contiguous() {
+        logits.inplace_op1(&HideColumn(pad))?;
+        return Ok(HostLogits(Logits::InPlace(logits)));
+    }
     let mut out: Vec<f32> = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     let v = logits.dim(candle_core::D::Minus1)?;
     out.chunks_mut(v)
         .for_each(|row| row[pad] = f32::NEG_INFINITY);
-    Ok(out)
+    Ok(HostLogits(Logits::Copied(out)))
+}
+
+impl HostLogits {
+    /// Runs `f` on the logits, rows × V floats.
+    pub fn read<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+        match &self.0 {
+            Logits::Copied(data) => Ok(f(data)),
+            Logits::InPlace(t) => {
+                let (storage, layout) = t.storage_and_layout();
+                match (&*storage, layout.contiguous_offsets()) {
+                    (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) => Ok(f(&data[a..b])),
+                    _ => anyhow::bail!("decoder logits changed storage"),
+                }
+            }
+        }
+    }
 }
 
 /// Index of the largest entry of `row`, the first one on ties.
@@ -65,9 +115,9 @@ pub fn greedy(model: &Seq2Seq, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<
         return Ok(out);
     }
     let src = pad_batch(model, srcs)?;
-    let mut bias = model.padding_bias(&src)?;
+    let bias = model.padding_bias(&src)?;
     let memory = model.encode(&src, &bias, &Dropout::off())?;
-    let mut cache = model.start_decoding(&memory)?;
+    let mut cache = model.start_decoding(&memory, &bias, 1)?;
     let (v, pad) = (cfg.vocab_size, cfg.pad_token_id as usize);
     let mut active: Vec<usize> = (0..n).collect();
     let mut tokens = Tensor::full(cfg.decoder_start_token_id, (n, 1), model.device())?;
@@ -78,8 +128,8 @@ pub fn greedy(model: &Seq2Seq, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<
         .unwrap_or(0)
         .min(cfg.max_position_embeddings);
     for step in 0..limit {
-        let logits = host_logits(&model.decode_step(&tokens, &mut cache, &bias)?, pad)?;
-        let next: Vec<u32> = logits.par_chunks(v).map(argmax).collect();
+        let logits = host_logits(model.decode_step(&tokens, &mut cache)?, pad)?;
+        let next: Vec<u32> = logits.read(|l| l.par_chunks(v).map(argmax).collect())?;
         let mut keep = Vec::with_capacity(active.len());
         let mut keep_tokens = Vec::with_capacity(active.len());
         for (row, (&i, &tok)) in active.iter().zip(&next).enumerate() {
@@ -96,9 +146,7 @@ pub fn greedy(model: &Seq2Seq, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<
         }
         let pruned: Vec<usize> = keep.iter().map(|&r| active[r as usize]).collect();
         if keep.len() < active.len() {
-            let rows = Tensor::new(keep.as_slice(), model.device())?;
-            cache = cache.select(&rows)?;
-            bias = bias.index_select(&rows, 0)?;
+            cache = cache.select(&keep)?;
         }
         active = pruned;
         tokens = Tensor::from_vec(keep_tokens, (active.len(), 1), model.device())?;

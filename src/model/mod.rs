@@ -171,6 +171,18 @@ impl Attention {
         ))
     }
 
+    /// Scaled queries of `x` (B, T, d), (B, H, T, d_k).
+    fn queries(&self, x: &Tensor) -> Result<Tensor> {
+        self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)
+    }
+
+    /// (B, H, T, d_k) → out_proj of (B, T, d).
+    fn merge(&self, ctx: &Tensor) -> Result<Tensor> {
+        let (b, _, t, _) = ctx.dims4()?;
+        let ctx = ctx.transpose(1, 2)?.reshape((b, t, ()))?;
+        self.out_proj.forward(&ctx)
+    }
+
     /// Attention of queries `x` (B, T, d) over keys/values (B, H, S, d_k); `bias` (B|1, 1, T|1, S)
     /// holds 0 for visible keys and MASK_VALUE for hidden ones.
     pub fn attend(
@@ -182,25 +194,57 @@ impl Attention {
         p_attn: f64,
         drop: &Dropout,
     ) -> Result<Tensor> {
-        let (b, t, d) = x.dims3()?;
-        let q =
-            self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)?;
-        // Decoding (no dropout, one query): a fused kernel; otherwise the differentiable path.
-        let fast = if drop.is_on() {
-            None
-        } else {
-            ops::attend_one(&q, k, v, bias)?
-        };
-        let ctx = match fast {
-            Some(ctx) => ctx,
-            None => {
-                let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
-                let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
-                probs.matmul(v)?
+        if !drop.is_on() {
+            return self.attend_rows(x, k, v, bias, None);
+        }
+        let q = self.queries(x)?;
+        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
+        let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
+        self.merge(&probs.matmul(v)?)
+    }
+
+    /// Single-query self-attention of decoding step t over the keys/values of steps 0..=t,
+    /// one (B_j, H, 1, d_k) pair per step: row b reads row `history[b][j]` of step j.
+    pub fn attend_steps(
+        &self,
+        x: &Tensor,
+        steps: &[(Tensor, Tensor)],
+        history: &[Vec<u32>],
+    ) -> Result<Tensor> {
+        let q = self.queries(x)?;
+        self.merge(&ops::attend_steps(&q, steps, history)?)
+    }
+
+    /// Attention without dropout (evaluation, decoding). With `kv_rows`, query row b attends
+    /// over key/value row `kv_rows[b]` of k, v (B_kv, H, S, d_k) and bias (B_kv|1, 1, 1, S):
+    /// the beams of a sentence read one copy of its encoder keys.
+    pub fn attend_rows(
+        &self,
+        x: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        bias: Option<&Tensor>,
+        kv_rows: Option<&[u32]>,
+    ) -> Result<Tensor> {
+        let q = self.queries(x)?;
+        // One query per row: a fused kernel where there is one.
+        if let Some(ctx) = ops::attend_one(&q, k, v, bias, kv_rows)? {
+            return self.merge(&ctx);
+        }
+        let (k, v, bias) = match kv_rows {
+            None => (k.clone(), v.clone(), bias.cloned()),
+            Some(rows) => {
+                let idx = Tensor::new(rows, k.device())?;
+                let bias = match bias {
+                    Some(t) if t.dim(0)? > 1 => Some(t.index_select(&idx, 0)?),
+                    other => other.cloned(),
+                };
+                (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?, bias)
             }
         };
-        let ctx = ctx.transpose(1, 2)?.reshape((b, t, d))?; // (B, T, d)
-        self.out_proj.forward(&ctx)
+        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
+        let probs = ops::masked_softmax(&scores, bias.as_ref())?;
+        self.merge(&probs.matmul(&v)?)
     }
 }
 
@@ -256,47 +300,43 @@ struct DecoderLayer {
 /// The cached state of one decoder layer during incremental decoding.
 #[derive(Clone)]
 pub struct LayerCache {
-    /// Self-attention keys and values so far, (B, H, t, d_k).
+    /// Self-attention keys and values so far, (B, H, t, d_k) (devices other than the CPU).
     self_kv: Option<(Tensor, Tensor)>,
-    /// Cross-attention keys and values, computed once per sentence, (B, H, S, d_k).
+    /// On the CPU: the self-attention keys and values of each step, (B_t, H, 1, d_k), never
+    /// copied; `DecoderCache::history` says which row of each step a hypothesis reads.
+    steps: Vec<(Tensor, Tensor)>,
+    /// Cross-attention keys and values, computed once per sentence, (N|B, H, S, d_k).
     cross_kv: (Tensor, Tensor),
 }
 
-/// Decoder state between steps: one cache per layer.
+/// Decoder state between steps: one cache per layer, and which sentence each batch row
+/// (hypothesis) belongs to.
 #[derive(Clone)]
 pub struct DecoderCache {
     layers: Vec<LayerCache>,
+    /// Key-padding bias of the sources for cross-attention, one row per cross K/V row.
+    src_bias: Tensor,
+    /// The sentence (row of `start_decoding`'s memory) of each batch row.
+    sentences: Vec<u32>,
+    /// CPU: cross-attention K/V and `src_bias` hold one row per sentence, shared by its beams,
+    /// and self-attention K/V stay where each step wrote them: nothing is copied when beams
+    /// are reordered or sentences finish. Otherwise one row per batch row, copied on select.
+    shared_cross: bool,
+    /// CPU: per batch row, the row of each past step's K/V that holds its ancestor.
+    history: Vec<Vec<u32>>,
     /// Number of target positions already decoded.
     pub len: usize,
 }
 
 impl DecoderCache {
-    /// Reorders only the self-attention caches to `rows`: enough for beam reordering when no
-    /// sentence left the batch, since all beams of a sentence share its cross-attention K/V.
-    pub fn reorder_beams(&self, rows: &Tensor) -> Result<Self> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(LayerCache {
-                    self_kv: match &l.self_kv {
-                        Some((k, v)) => Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?)),
-                        None => None,
-                    },
-                    cross_kv: l.cross_kv.clone(),
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(Self {
-            layers,
-            len: self.len,
-        })
-    }
-
-    /// Keeps (and reorders) the batch rows `rows`: beam reordering and pruning finished
-    /// sentences.
-    pub fn select(&self, rows: &Tensor) -> Result<Self> {
-        let pick = |t: &Tensor| t.index_select(rows, 0);
+    /// Keeps the batch rows `rows`, in that order: beam reordering (a row may appear several
+    /// times) and pruning of finished sentences.
+    pub fn select(&self, rows: &[u32]) -> Result<Self> {
+        let sentences: Vec<u32> = rows.iter().map(|&r| self.sentences[r as usize]).collect();
+        let idx = Tensor::new(rows, self.src_bias.device())?;
+        // Per-row cross K/V only need a copy when some row now holds another sentence.
+        let copy_cross = !self.shared_cross && sentences != self.sentences;
+        let pick = |t: &Tensor| t.index_select(&idx, 0);
         let layers = self
             .layers
             .iter()
@@ -306,14 +346,38 @@ impl DecoderCache {
                         Some((k, v)) => Some((pick(k)?, pick(v)?)),
                         None => None,
                     },
-                    cross_kv: (pick(&l.cross_kv.0)?, pick(&l.cross_kv.1)?),
+                    steps: l.steps.clone(),
+                    cross_kv: if copy_cross {
+                        (pick(&l.cross_kv.0)?, pick(&l.cross_kv.1)?)
+                    } else {
+                        l.cross_kv.clone()
+                    },
                 })
             })
             .collect::<Result<_>>()?;
         Ok(Self {
             layers,
+            src_bias: if copy_cross {
+                pick(&self.src_bias)?
+            } else {
+                self.src_bias.clone()
+            },
+            sentences,
+            shared_cross: self.shared_cross,
+            history: if self.shared_cross {
+                rows.iter()
+                    .map(|&r| self.history[r as usize].clone())
+                    .collect()
+            } else {
+                Vec::new()
+            },
             len: self.len,
         })
+    }
+
+    /// Number of batch rows (hypotheses).
+    pub fn rows(&self) -> usize {
+        self.sentences.len()
     }
 }
 
@@ -625,31 +689,67 @@ impl Seq2Seq {
         Ok(self.logits(&h.reshape((b * t, d))?)?.reshape((b, t, ()))?)
     }
 
-    /// Starts incremental decoding: cross-attention keys/values computed once from `memory`.
-    pub fn start_decoding(&self, memory: &Tensor) -> Result<DecoderCache> {
+    /// Starts incremental decoding of `beams` hypotheses per source sentence, batch rows
+    /// sentence-major (sentence i owns rows i·beams..(i+1)·beams): cross-attention keys/values
+    /// computed once per sentence from `memory` (N, S, d), with its padding bias (N, 1, 1, S).
+    pub fn start_decoding(
+        &self,
+        memory: &Tensor,
+        src_bias: &Tensor,
+        beams: usize,
+    ) -> Result<DecoderCache> {
+        let n = memory.dim(0)?;
+        let beams = beams.max(1);
+        let sentences: Vec<u32> = (0..n as u32)
+            .flat_map(|i| std::iter::repeat_n(i, beams))
+            .collect();
+        // The CPU kernel reads each sentence's keys for all its beams; elsewhere the rows are
+        // laid out per hypothesis.
+        let shared_cross = memory.device().is_cpu() && memory.dtype() == DType::F32;
+        let expand = |t: Tensor| -> Result<Tensor> {
+            if shared_cross || beams == 1 {
+                return Ok(t);
+            }
+            Ok(t.index_select(&Tensor::new(sentences.as_slice(), t.device())?, 0)?)
+        };
         let layers = self
             .decoder_layers
             .iter()
             .map(|l| {
+                let (k, v) = l.encoder_attn.keys_values(memory)?;
                 Ok(LayerCache {
                     self_kv: None,
-                    cross_kv: l.encoder_attn.keys_values(memory)?,
+                    steps: Vec::new(),
+                    cross_kv: (expand(k)?, expand(v)?),
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(DecoderCache { layers, len: 0 })
+        Ok(DecoderCache {
+            layers,
+            src_bias: expand(src_bias.clone())?,
+            history: if shared_cross {
+                vec![Vec::new(); sentences.len()]
+            } else {
+                Vec::new()
+            },
+            sentences,
+            shared_cross,
+            len: 0,
+        })
     }
 
     /// One decoder step for the last tokens (B, 1) → logits (B, V); appends to the cache.
-    pub fn decode_step(
-        &self,
-        tokens: &Tensor,
-        cache: &mut DecoderCache,
-        src_bias: &Tensor,
-    ) -> Result<Tensor> {
+    pub fn decode_step(&self, tokens: &Tensor, cache: &mut DecoderCache) -> Result<Tensor> {
         let c = &self.config;
         let drop = Dropout::off();
         let mut h = self.embed(tokens, cache.len, &drop)?;
+        let kv_rows = cache.shared_cross.then_some(cache.sentences.as_slice());
+        // Each hypothesis writes this step's keys at its own row.
+        for (r, past) in cache.history.iter_mut().enumerate() {
+            past.push(r as u32);
+        }
+        let history = &cache.history;
+        let src_bias = &cache.src_bias;
         for (l, lc) in self.decoder_layers.iter().zip(cache.layers.iter_mut()) {
             h = residual(
                 &h,
@@ -659,11 +759,15 @@ impl Seq2Seq {
                 &drop,
                 |x| {
                     let (k, v) = l.self_attn.keys_values(x)?;
+                    if !history.is_empty() {
+                        lc.steps.push((k, v));
+                        return l.self_attn.attend_steps(x, &lc.steps, history);
+                    }
                     let (k, v) = match &lc.self_kv {
                         Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
                         None => (k, v),
                     };
-                    let out = l.self_attn.attend(x, &k, &v, None, 0.0, &drop)?;
+                    let out = l.self_attn.attend_rows(x, &k, &v, None, None)?;
                     lc.self_kv = Some((k, v));
                     Ok(out)
                 },
@@ -675,13 +779,12 @@ impl Seq2Seq {
                 0.0,
                 &drop,
                 |x| {
-                    l.encoder_attn.attend(
+                    l.encoder_attn.attend_rows(
                         x,
                         &lc.cross_kv.0,
                         &lc.cross_kv.1,
                         Some(src_bias),
-                        0.0,
-                        &drop,
+                        kv_rows,
                     )
                 },
             )?;

@@ -1015,8 +1015,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> 
 
 struct AttendOne {
     heads: usize,
-    /// Additive key bias per batch row, (B, S) flattened; empty for none.
+    /// Additive key bias per key/value row, (B_kv, S) flattened; empty for none.
     bias: Vec<f32>,
+    /// The key/value row each query row reads; empty for row b ↔ row b.
+    kv_rows: Vec<u32>,
 }
 
 impl CustomOp3 for AttendOne {
@@ -1024,7 +1026,7 @@ impl CustomOp3 for AttendOne {
         "nmt-attend-one"
     }
 
-    /// q (B, H, 1, d), k and v (B, H, S, d) → softmax(q·kᵀ + bias)·v, (B, H, 1, d).
+    /// q (B, H, 1, d), k and v (B_kv, H, S, d) → softmax(q·kᵀ + bias)·v, (B, H, 1, d).
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,
@@ -1040,63 +1042,182 @@ impl CustomOp3 for AttendOne {
         let mut out = vec![0f32; q.len()];
         out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
             let qr = &q[r * d..(r + 1) * d];
-            let kr = &k[r * s * d..(r + 1) * s * d];
-            let vr = &v[r * s * d..(r + 1) * s * d];
+            let (row, head) = (r / self.heads, r % self.heads);
+            let row = match self.kv_rows.get(row) {
+                Some(&kv) => kv as usize,
+                None => row,
+            };
+            let at = (row * self.heads + head) * s * d;
+            let kr = &k[at..at + s * d];
+            let vr = &v[at..at + s * d];
             let bias = if self.bias.is_empty() {
                 None
             } else {
-                Some(&self.bias[(r / self.heads) * s..(r / self.heads + 1) * s])
+                Some(&self.bias[row * s..(row + 1) * s])
             };
-            let mut scores: Vec<f32> = kr
-                .chunks(d)
-                .map(|kk| kk.iter().zip(qr).map(|(a, b)| a * b).sum::<f32>())
-                .collect();
-            if let Some(b) = bias {
-                scores.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-            }
-            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            scores.iter_mut().for_each(|x| {
-                *x = (*x - max).exp();
-                sum += *x;
-            });
-            for (p, vv) in scores.iter().zip(vr.chunks(d)) {
-                let w = p / sum;
-                o.iter_mut().zip(vv).for_each(|(a, b)| *a += w * b);
-            }
+            attend_row(
+                qr,
+                s,
+                |j| &kr[j * d..(j + 1) * d],
+                |j| &vr[j * d..(j + 1) * d],
+                bias,
+                o,
+            );
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
 
 /// Attention of one query position per row, for incremental decoding (no gradient): q
-/// (B, H, 1, d) already scaled, k and v (B, H, S, d), bias (B|1, 1, 1, S) or none. `None` when
-/// this device or dtype has no fused kernel; the caller then uses the general path.
+/// (B, H, 1, d) already scaled, k and v (B_kv, H, S, d), bias (B_kv|1, 1, 1, S) or none.
+/// `kv_rows` (length B) names the key/value row of each query row, so that the beams of a
+/// sentence share one copy of its encoder keys; `None` pairs row b with row b. Returns `None`
+/// when this device or dtype has no fused kernel; the caller then uses the general path.
 pub fn attend_one(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     bias: Option<&Tensor>,
+    kv_rows: Option<&[u32]>,
 ) -> Result<Option<Tensor>> {
     if !fused(q) || q.dim(2)? != 1 {
         return Ok(None);
     }
     let (b, h, _, _) = q.dims4()?;
-    let s = k.dim(2)?;
+    let (b_kv, _, s, _) = k.dims4()?;
+    match kv_rows {
+        Some(rows) if rows.len() != b || rows.iter().any(|&r| r as usize >= b_kv) => {
+            candle_core::bail!("attend_one: bad key/value rows for {b} queries over {b_kv} rows")
+        }
+        None if b != b_kv => candle_core::bail!("attend_one: {b} queries, {b_kv} key rows"),
+        _ => {}
+    }
     let bias = match bias {
-        Some(t) if t.dims4()?.0 == b && t.dims4()?.2 == 1 => t.flatten_all()?.to_vec1::<f32>()?,
+        Some(t) if t.dims4()?.0 == b_kv && t.dims4()?.2 == 1 => {
+            t.flatten_all()?.to_vec1::<f32>()?
+        }
         Some(t) if t.dims4()?.0 == 1 && t.dims4()?.2 == 1 => {
-            t.flatten_all()?.to_vec1::<f32>()?.repeat(b)
+            t.flatten_all()?.to_vec1::<f32>()?.repeat(b_kv)
         }
         Some(_) => return Ok(None),
         None => Vec::new(),
     };
-    debug_assert!(bias.is_empty() || bias.len() == b * s);
+    debug_assert!(bias.is_empty() || bias.len() == b_kv * s);
     Ok(Some(q.contiguous()?.apply_op3_no_bwd(
         &k.contiguous()?,
         &v.contiguous()?,
-        &AttendOne { heads: h, bias },
+        &AttendOne {
+            heads: h,
+            bias,
+            kv_rows: kv_rows.map(<[u32]>::to_vec).unwrap_or_default(),
+        },
     )?))
+}
+
+/// Runs `f` on a contiguous CPU f32 tensor's data, read in place.
+fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let guard = t.storage_and_layout();
+    Ok(f(guarded_f32(&guard)?))
+}
+
+/// The data of a contiguous CPU f32 tensor held under its storage guard.
+fn guarded_f32<'a>(
+    (storage, layout): &'a (candle_core::StorageRef<'_>, &Layout),
+) -> Result<&'a [f32]> {
+    match (&**storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) => Ok(&data[a..b]),
+        _ => candle_core::bail!("expected a contiguous f32 tensor on the CPU"),
+    }
+}
+
+/// softmax(q·kⱼ + biasⱼ)-weighted sum of the values vⱼ for one query row `qr` over `n` keys
+/// and values given by `key(j)` and `value(j)`, into `o` (zeroed).
+fn attend_row<'a>(
+    qr: &[f32],
+    n: usize,
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+    bias: Option<&[f32]>,
+    o: &mut [f32],
+) {
+    let mut scores: Vec<f32> = (0..n)
+        .map(|j| key(j).iter().zip(qr).map(|(a, b)| a * b).sum::<f32>())
+        .collect();
+    if let Some(b) = bias {
+        scores.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+    }
+    let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    scores.iter_mut().for_each(|x| {
+        *x = (*x - max).exp();
+        sum += *x;
+    });
+    for (j, p) in scores.iter().enumerate() {
+        let w = p / sum;
+        o.iter_mut().zip(value(j)).for_each(|(a, b)| *a += w * b);
+    }
+}
+
+/// Single-query attention for decoding step t on the CPU, over keys/values kept one tensor
+/// per step: q (B, H, 1, d) already scaled; `steps[j]` = (k, v), each (B_j, H, 1, d); query
+/// row b reads row `history[b][j]` of step j, for j = 0..=t. Beam reordering and pruning only
+/// rewrite `history`: no key or value is copied. Returns (B, H, 1, d).
+pub fn attend_steps(
+    q: &Tensor,
+    steps: &[(Tensor, Tensor)],
+    history: &[Vec<u32>],
+) -> Result<Tensor> {
+    let (b, h, _, d) = q.dims4()?;
+    let n = steps.len();
+    if history.len() != b || history.iter().any(|past| past.len() != n) {
+        candle_core::bail!("attend_steps: history does not match {b} rows and {n} steps");
+    }
+    for (k, v) in steps {
+        let rows = k.dim(0)?;
+        if k.dims4()? != (rows, h, 1, d) || v.dims4()? != (rows, h, 1, d) {
+            candle_core::bail!(
+                "attend_steps: step keys {:?} for queries {:?}",
+                k.dims(),
+                q.dims()
+            );
+        }
+    }
+    for (j, (k, _)) in steps.iter().enumerate() {
+        let rows = k.dim(0)?;
+        if history.iter().any(|past| past[j] as usize >= rows) {
+            candle_core::bail!("attend_steps: history names a row past step {j}'s {rows}");
+        }
+    }
+    let guards: Vec<_> = steps
+        .iter()
+        .map(|(k, v)| (k.storage_and_layout(), v.storage_and_layout()))
+        .collect();
+    let keys: Vec<&[f32]> = guards
+        .iter()
+        .map(|(k, _)| guarded_f32(k))
+        .collect::<Result<_>>()?;
+    let values: Vec<&[f32]> = guards
+        .iter()
+        .map(|(_, v)| guarded_f32(v))
+        .collect::<Result<_>>()?;
+    let out = with_host_f32(&q.contiguous()?, |q| {
+        let mut out = vec![0f32; b * h * d];
+        out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
+            let (row, head) = (r / h, r % h);
+            let past = &history[row];
+            let at = |j: usize| (past[j] as usize * h + head) * d;
+            attend_row(
+                &q[r * d..(r + 1) * d],
+                n,
+                |j| &keys[j][at(j)..at(j) + d],
+                |j| &values[j][at(j)..at(j) + d],
+                None,
+                o,
+            );
+        });
+        out
+    })?;
+    Tensor::from_vec(out, (b, h, 1, d), q.device())
 }
 
 #[cfg(test)]
@@ -1324,5 +1445,73 @@ mod tests {
         assert_eq!(fast_exp(-1e9), 0.0);
         assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(fast_exp(0.0), 1.0);
+    }
+
+    /// Shared encoder rows (`kv_rows`) give what copying them per query row gives.
+    #[test]
+    fn attend_one_with_shared_rows_equals_copied_rows() {
+        let (h, s, d) = (2, 5, 4);
+        let q = randn(&[3, h, 1, d], 31);
+        let (k, v) = (randn(&[2, h, s, d], 32), randn(&[2, h, s, d], 33));
+        let bias = Tensor::new(
+            &[0f32, 0., 0., -1e9, -1e9, 0., 0., 0., 0., -1e9],
+            &Device::Cpu,
+        )
+        .unwrap()
+        .reshape((2, 1, 1, s))
+        .unwrap();
+        let rows = [1u32, 0, 1];
+        let idx = Tensor::new(&rows, &Device::Cpu).unwrap();
+        let shared = attend_one(&q, &k, &v, Some(&bias), Some(&rows))
+            .unwrap()
+            .unwrap();
+        let pick = |t: &Tensor| t.index_select(&idx, 0).unwrap();
+        let copied = attend_one(&q, &pick(&k), &pick(&v), Some(&pick(&bias)), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(max_diff(&shared, &copied), 0.0);
+        // Rows out of range are an error, not a read past the keys.
+        assert!(attend_one(&q, &k, &v, None, Some(&[0, 2, 1])).is_err());
+    }
+
+    /// Keys kept per step and read through a reordering history give exactly what the
+    /// concatenated, reordered cache gives.
+    #[test]
+    fn attend_steps_equals_attention_over_the_gathered_cache() {
+        let (h, d) = (2, 4);
+        // Three steps; rows 3, 3, 2 (a hypothesis dropped before the last step).
+        let steps: Vec<(Tensor, Tensor)> = [3usize, 3, 2]
+            .iter()
+            .enumerate()
+            .map(|(j, &rows)| {
+                let seed = 40 + 2 * j as u64;
+                (
+                    randn(&[rows, h, 1, d], seed),
+                    randn(&[rows, h, 1, d], seed + 1),
+                )
+            })
+            .collect();
+        let history = vec![vec![2u32, 0, 0], vec![2, 2, 1]];
+        let q = randn(&[2, h, 1, d], 50);
+        let got = attend_steps(&q, &steps, &history).unwrap();
+        // The same keys gathered into (B, H, t, d) for the general kernel.
+        let gather = |which: usize| {
+            let per_step: Vec<Tensor> = (0..3)
+                .map(|j| {
+                    let idx: Vec<u32> = history.iter().map(|past| past[j]).collect();
+                    let t = if which == 0 { &steps[j].0 } else { &steps[j].1 };
+                    t.index_select(&Tensor::new(idx.as_slice(), &Device::Cpu).unwrap(), 0)
+                        .unwrap()
+                })
+                .collect();
+            Tensor::cat(&per_step, 2).unwrap()
+        };
+        let want = attend_one(&q, &gather(0), &gather(1), None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(max_diff(&got, &want), 0.0);
+        // A history naming a row a step does not have is an error.
+        let bad = vec![vec![0u32, 0, 2], vec![0, 0, 0]];
+        assert!(attend_steps(&q, &steps, &bad).is_err());
     }
 }
