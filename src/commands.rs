@@ -154,10 +154,11 @@ fn translate_file(model: &str, src: &Path, beam: usize) -> Result<Corpus> {
         nbest: 1,
         max_len_a: 1.5,
         max_len_b: 10,
+        batch_size: 64,
     };
     let mut lines = Vec::with_capacity(source.lines.len());
-    for (i, chunk) in source.lines.chunks(64).enumerate() {
-        for t in crate::translate::translate_batch(&loaded, chunk, i * 64 + 1, &opts)? {
+    for (i, chunk) in source.lines.chunks(640).enumerate() {
+        for t in crate::translate::translate_batch(&loaded, chunk, i * 640 + 1, &opts)? {
             lines.push(py_rstrip(&t.hypotheses[0].0).to_string());
         }
     }
@@ -439,8 +440,8 @@ pub fn average(args: AverageArgs) -> Result<()> {
 
 /// `nmt translate`
 pub fn translate(args: TranslateArgs) -> Result<()> {
-    if args.beam == 0 || args.batch_size == 0 {
-        bail!("--beam and --batch-size must be at least 1");
+    if args.beam == 0 || args.batch_size == 0 || args.maxi_batch == 0 {
+        bail!("--beam, --batch-size and --maxi-batch must be at least 1");
     }
     if args.nbest.is_some_and(|k| k == 0 || k > args.beam) {
         bail!("--nbest must be between 1 and --beam ({})", args.beam);
@@ -455,6 +456,7 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         nbest: args.nbest.unwrap_or(1),
         max_len_a: args.max_len_a,
         max_len_b: args.max_len_b,
+        batch_size: args.batch_size,
     };
     let format = crate::translate::OutputFormat {
         nbest: args.nbest.is_some(),
@@ -466,7 +468,7 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         &model,
         stdin_lines(),
         &mut out,
-        args.batch_size,
+        args.batch_size.saturating_mul(args.maxi_batch),
         &opts,
         format,
     )

@@ -1,5 +1,5 @@
-//! `nmt translate`'s input path: streaming lines from a reader in batches filled from what is
-//! available, length-sorted inside a batch, written back in input order.
+//! `nmt translate`'s input path: streaming lines from a reader in windows filled from what is
+//! available, sorted by length into batches inside a window, written back in input order.
 
 use crate::data::corpus::LineReader;
 use crate::decode::{self, beam};
@@ -23,6 +23,8 @@ pub struct SearchOptions {
     pub max_len_a: f64,
     /// Output length limit a·src_len + b: b.
     pub max_len_b: usize,
+    /// Sentences decoded together (after sorting by length).
+    pub batch_size: usize,
 }
 
 /// One translated sentence: its hypotheses, best first.
@@ -32,8 +34,9 @@ pub struct Translation {
     pub hypotheses: Vec<(String, f64, usize)>,
 }
 
-/// Translates a batch of lines; empty lines give empty translations without touching the
-/// model, and lines longer than the model's positions are truncated with a warning.
+/// Translates lines, sorted by length into batches of `opts.batch_size`; empty lines give
+/// empty translations without touching the model, and lines longer than the model's
+/// positions are truncated with a warning. Results come back in the order of `lines`.
 pub fn translate_batch(
     m: &LoadedModel,
     lines: &[String],
@@ -66,6 +69,20 @@ pub fn translate_batch(
         todo.push((i, ids));
     }
     todo.sort_by_key(|(_, ids)| ids.len());
+    // Batches of similar lengths: less padding, and sentences that end at about the same step.
+    for chunk in todo.chunks(opts.batch_size.max(1)) {
+        decode_sorted(m, chunk, opts, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Decodes one batch of (line index, source ids) into `out`.
+fn decode_sorted(
+    m: &LoadedModel,
+    todo: &[(usize, Vec<u32>)],
+    opts: &SearchOptions,
+    out: &mut [Translation],
+) -> Result<()> {
     let srcs: Vec<Vec<u32>> = todo.iter().map(|(_, ids)| ids.clone()).collect();
     let lens: Vec<usize> = srcs
         .iter()
@@ -95,7 +112,7 @@ pub fn translate_batch(
             out[*i] = Translation { hypotheses };
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// How to print translations.
@@ -136,18 +153,19 @@ fn write_translation(
     Ok(())
 }
 
-/// Reads `input` to the end, translating in batches of at most `batch_size` lines made of the
-/// lines already available (so an interactive line is translated when Enter is pressed), and
-/// writes one result per input line, in order, flushing after each batch.
+/// Reads `input` to the end, translating windows of at most `window` lines made of the lines
+/// already available (so an interactive line is translated when Enter is pressed; a file is
+/// read `window` lines at a time, like Marian's maxi-batch), and writes one result per input
+/// line, in order, flushing after each window.
 pub fn stream(
     m: &LoadedModel,
     mut input: LineReader,
     out: &mut impl Write,
-    batch_size: usize,
+    window: usize,
     opts: &SearchOptions,
     f: OutputFormat,
 ) -> Result<()> {
-    let (tx, rx) = mpsc::sync_channel::<Result<String>>(batch_size.max(1) * 4);
+    let (tx, rx) = mpsc::sync_channel::<Result<String>>(window.max(1) * 2);
     let reader = std::thread::spawn(move || {
         for line in input.by_ref() {
             let stop = line.is_err();
@@ -161,7 +179,7 @@ pub fn stream(
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first?];
             let mut failure = None;
-            while batch.len() < batch_size.max(1) {
+            while batch.len() < window.max(1) {
                 match rx.try_recv() {
                     Ok(Ok(l)) => batch.push(l),
                     Ok(Err(e)) => {

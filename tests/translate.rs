@@ -147,6 +147,39 @@ fn translate_streams_keeps_alignment_and_handles_odd_input() {
     );
 }
 
+#[test]
+fn sorting_a_window_of_lines_into_batches_keeps_the_output_order() {
+    let model = toy();
+    let input = "1 2 3 4 5 6 7 8\n9\n\n10 11 12 13\n14 15\n16 17 18 19 20 21\n22\n";
+    let run = |maxi: &str| {
+        nmt_ok(
+            &[
+                "translate",
+                "--model",
+                s(&model),
+                "--beam",
+                "3",
+                "--batch-size",
+                "2",
+                "--maxi-batch",
+                maxi,
+            ],
+            input.as_bytes(),
+        )
+    };
+    let (one, sorted) = (run("1"), run("4"));
+    assert_eq!(one.lines().count(), 7, "{one:?}");
+    assert_eq!(one, sorted);
+    let err = nmt_err(
+        &["translate", "--model", s(&model), "--maxi-batch", "0"],
+        b"1\n",
+    );
+    assert!(
+        err.contains("--maxi-batch") && err.contains("at least 1"),
+        "{err}"
+    );
+}
+
 /// Arbitrary bytes on stdin never make translate panic: they translate or fail cleanly.
 #[test]
 fn translate_input_path_never_panics() {
