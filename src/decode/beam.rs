@@ -66,21 +66,33 @@ pub fn beam_search(
     let src = pad_batch(model, srcs)?;
     let src_bias = model.padding_bias(&src)?;
     let memory = model.encode(&src, &src_bias, &Dropout::off())?;
-    // Rows are sentence-major: sentence i owns rows i*K..(i+1)*K.
-    let mut cache = model.start_decoding(&memory, &src_bias, k)?;
+    let max_lens: Vec<usize> = max_lens
+        .iter()
+        .map(|&m| m.clamp(1, cfg.max_position_embeddings))
+        .collect();
+    // The first step decodes one row per sentence: transformers starts K identical beams but
+    // scores beams 1..K-1 at −1e9, so all of the top 2K come from beam 0. (Not when a limit of
+    // one token makes the −1e9 beams' `</s>` part of the finished set.)
+    let mut width = if max_lens.iter().all(|&m| m > 1) {
+        1
+    } else {
+        k
+    };
+    // Rows are sentence-major: sentence i owns rows i*width..(i+1)*width.
+    let mut cache = model.start_decoding(&memory, &src_bias, width)?;
     let pad = cfg.pad_token_id as usize;
     let mut sents: Vec<Sentence> = (0..n)
         .map(|i| Sentence {
-            running: (0..k)
+            running: (0..width)
                 .map(|b| (Vec::new(), if b == 0 { 0.0 } else { -1e9 }))
                 .collect(),
             finished: Vec::new(),
-            max_len: max_lens[i].clamp(1, cfg.max_position_embeddings),
+            max_len: max_lens[i],
             done: false,
         })
         .collect();
     let mut active: Vec<usize> = (0..n).collect();
-    let mut tokens = Tensor::full(cfg.decoder_start_token_id, (n * k, 1), model.device())?;
+    let mut tokens = Tensor::full(cfg.decoder_start_token_id, (n * width, 1), model.device())?;
     // cur_len counts the start token, as in transformers.
     let mut cur_len = 1;
     while !active.is_empty() {
@@ -95,11 +107,12 @@ pub fn beam_search(
                 .enumerate()
                 .map(|(slot, &i)| {
                     let s = &sents[i];
-                    let rows = slot * k..(slot + 1) * k;
+                    let rows = slot * width..(slot + 1) * width;
                     top_candidates(
                         &logits[rows.start * v..rows.end * v],
                         &norms[rows],
                         &s.running,
+                        2 * k,
                         eos,
                         // transformers: max_length = 1 + max_len; `</s>` is forced at
                         // cur_len == max_length - 1 and every candidate hits the limit there.
@@ -158,13 +171,14 @@ pub fn beam_search(
                 continue;
             }
             for &(_, b, t) in &cont {
-                next_rows.push((slot * k + b) as u32);
+                next_rows.push((slot * width + b) as u32);
                 next_tokens.push(t);
             }
             s.running = new_running;
             still.push(i);
         }
         cur_len += 1;
+        width = k;
         active = still;
         if active.is_empty() {
             break;
@@ -183,18 +197,19 @@ pub fn beam_search(
         .collect())
 }
 
-/// The best 2K continuations (score, beam, token) of one sentence, best first, over its K
-/// rows of logits (K×V) with their log-normalisers and the running beams' scores. A token's
+/// The best `want` continuations (score, beam, token) of one sentence, best first, over its
+/// rows of logits (one per running beam, × V) with their log-normalisers and the running
+/// beams' scores. A token's
 /// score is beam score + (x − max) − log_sum; at the length limit only `</s>` (log-prob 0) is
 /// finite. Ties keep scan order, as transformers' top-k does over the flattened K×V scores.
 fn top_candidates(
     logits: &[f32],
     norms: &[(f32, f32)],
     running: &[(Vec<u32>, f64)],
+    want: usize,
     eos: u32,
     at_limit: bool,
 ) -> Vec<(f64, usize, u32)> {
-    let want = 2 * running.len();
     let v = logits.len() / running.len().max(1);
     let mut top: Vec<(f64, usize, u32)> = Vec::with_capacity(want + 1);
     for (b, &(_, beam_score)) in running.iter().enumerate() {
