@@ -3,10 +3,10 @@
 
 pub mod beam;
 
-use crate::model::ops::{exp_sum, row_max};
+use crate::model::ops::{exp_sum, row_max, with_host_f32};
 use crate::model::{Dropout, Seq2Seq};
 use anyhow::Result;
-use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use rayon::prelude::*;
 
 /// Right-pads id sequences into a (B, S) tensor.
@@ -70,13 +70,7 @@ impl HostLogits {
     pub fn read<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
         match &self.0 {
             Logits::Copied(data) => Ok(f(data)),
-            Logits::InPlace(t) => {
-                let (storage, layout) = t.storage_and_layout();
-                match (&*storage, layout.contiguous_offsets()) {
-                    (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) => Ok(f(&data[a..b])),
-                    _ => anyhow::bail!("decoder logits changed storage"),
-                }
-            }
+            Logits::InPlace(t) => Ok(with_host_f32(t, f)?),
         }
     }
 }

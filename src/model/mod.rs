@@ -374,11 +374,6 @@ impl DecoderCache {
             len: self.len,
         })
     }
-
-    /// Number of batch rows (hypotheses).
-    pub fn rows(&self) -> usize {
-        self.sentences.len()
-    }
 }
 
 /// The encoder–decoder Transformer.
@@ -743,7 +738,8 @@ impl Seq2Seq {
         let c = &self.config;
         let drop = Dropout::off();
         let mut h = self.embed(tokens, cache.len, &drop)?;
-        let kv_rows = cache.shared_cross.then_some(cache.sentences.as_slice());
+        let shared = cache.shared_cross;
+        let kv_rows = shared.then_some(cache.sentences.as_slice());
         // Each hypothesis writes this step's keys at its own row.
         for (r, past) in cache.history.iter_mut().enumerate() {
             past.push(r as u32);
@@ -759,7 +755,7 @@ impl Seq2Seq {
                 &drop,
                 |x| {
                     let (k, v) = l.self_attn.keys_values(x)?;
-                    if !history.is_empty() {
+                    if shared {
                         lc.steps.push((k, v));
                         return l.self_attn.attend_steps(x, &lc.steps, history);
                     }

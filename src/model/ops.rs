@@ -1115,7 +1115,7 @@ pub fn attend_one(
 }
 
 /// Runs `f` on a contiguous CPU f32 tensor's data, read in place.
-fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+pub fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let guard = t.storage_and_layout();
     Ok(f(guarded_f32(&guard)?))
 }
@@ -1124,8 +1124,8 @@ fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 fn guarded_f32<'a>(
     (storage, layout): &'a (candle_core::StorageRef<'_>, &Layout),
 ) -> Result<&'a [f32]> {
-    match (&**storage, layout.contiguous_offsets()) {
-        (candle_core::Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) => Ok(&data[a..b]),
+    match &**storage {
+        candle_core::Storage::Cpu(cpu) => slice(cpu, layout),
         _ => candle_core::bail!("expected a contiguous f32 tensor on the CPU"),
     }
 }
@@ -1172,7 +1172,7 @@ pub fn attend_steps(
     if history.len() != b || history.iter().any(|past| past.len() != n) {
         candle_core::bail!("attend_steps: history does not match {b} rows and {n} steps");
     }
-    for (k, v) in steps {
+    for (j, (k, v)) in steps.iter().enumerate() {
         let rows = k.dim(0)?;
         if k.dims4()? != (rows, h, 1, d) || v.dims4()? != (rows, h, 1, d) {
             candle_core::bail!(
@@ -1181,9 +1181,6 @@ pub fn attend_steps(
                 q.dims()
             );
         }
-    }
-    for (j, (k, _)) in steps.iter().enumerate() {
-        let rows = k.dim(0)?;
         if history.iter().any(|past| past[j] as usize >= rows) {
             candle_core::bail!("attend_steps: history names a row past step {j}'s {rows}");
         }
