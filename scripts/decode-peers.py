@@ -1,31 +1,42 @@
 #!/usr/bin/env python3
-"""Decode sentences with transformers' generate and CTranslate2 on one HF Marian folder.
+"""Decode sentences with transformers' generate or CTranslate2 on one HF Marian folder.
 
-    decode-peers.py MODEL_DIR SOURCES OUT_DIR [--threads 2] [--batch 64] [--max-new-tokens 128]
+    decode-peers.py MODEL_DIR SOURCES OUT_DIR --engine hf|ct2 [--threads 2] [--batch 64]
+                    [--max-new-tokens 128]
 
-Writes OUT_DIR/{hf,ct2}.beam{1,5}.txt and prints one JSON line with sentences/s of each. Used by
-scripts/bench-translate.sh; needs torch, transformers, tokenizers and ctranslate2.
+Writes OUT_DIR/ENGINE.beam{1,5}.txt and prints one JSON line with sentences/s. Used by
+scripts/bench-translate.sh; needs tokenizers and torch + transformers (hf) or ctranslate2 (ct2).
+Run each engine in a process of its own: after torch has run in a process, CTranslate2 in that
+process decodes 1.6–2.5× slower (measured; two OpenMP runtimes compete for the cores).
 """
 import argparse, json, os, subprocess, sys, time
 
-import torch
 from tokenizers import Tokenizer
-from transformers import MarianMTModel
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model"); ap.add_argument("sources"); ap.add_argument("out")
+ap.add_argument("--engine", choices=["hf", "ct2"], required=True)
 ap.add_argument("--threads", type=int, default=2); ap.add_argument("--batch", type=int, default=64)
 ap.add_argument("--max-new-tokens", type=int, default=128)
 a = ap.parse_args()
-torch.set_num_threads(a.threads)
 os.makedirs(a.out, exist_ok=True)
 tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
-model = MarianMTModel.from_pretrained(a.model).eval()
-pad, eos = model.config.pad_token_id, model.config.eos_token_id
 lines = [l.rstrip("\n") for l in open(a.sources, encoding="utf-8")]
-ids = [e.ids + [eos] for e in tok.encode_batch(lines, add_special_tokens=False)]
 res = {}
-for beams in (1, 5):
+
+
+def transformers_generate():
+    import torch
+    from transformers import MarianMTModel
+    torch.set_num_threads(a.threads)
+    model = MarianMTModel.from_pretrained(a.model).eval()
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    ids = [e.ids + [eos] for e in tok.encode_batch(lines, add_special_tokens=False)]
+    for beams in (1, 5):
+        generate(torch, model, ids, pad, beams)
+
+
+def generate(torch, model, ids, pad, beams):
     outs, t = [], time.time()
     with torch.no_grad():
         for i in range(0, len(ids), a.batch):
@@ -36,7 +47,9 @@ for beams in (1, 5):
             outs += tok.decode_batch(g.tolist(), skip_special_tokens=True)
     res[f"hf_beam{beams}_sent_per_s"] = round(len(outs) / (time.time() - t), 1)
     open(os.path.join(a.out, f"hf.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
-try:
+
+
+def ctranslate2_translate():
     import ctranslate2
     ct2dir = os.path.join(a.out, "ct2-model")
     conv = os.path.join(os.path.dirname(sys.executable), "ct2-transformers-converter")
@@ -50,6 +63,13 @@ try:
         outs = [tok.decode([tok.token_to_id(x) for x in o.hypotheses[0]], skip_special_tokens=True) for o in r]
         res[f"ct2_beam{beams}_sent_per_s"] = round(len(outs) / s, 1)
         open(os.path.join(a.out, f"ct2.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
-except Exception as e:  # keep the transformers figures
-    res["ct2_error"] = repr(e)[:300]
+
+
+if a.engine == "hf":
+    transformers_generate()
+else:
+    try:
+        ctranslate2_translate()
+    except Exception as e:  # keep the other figures
+        res["ct2_error"] = repr(e)[:300]
 print(json.dumps(res))
