@@ -154,7 +154,7 @@ impl ModelConfig {
             bail!("d_model, vocab_size and max_position_embeddings must be positive");
         }
         for heads in [self.encoder_attention_heads, self.decoder_attention_heads] {
-            if heads == 0 || self.d_model % heads != 0 {
+            if heads == 0 || !self.d_model.is_multiple_of(heads) {
                 bail!(
                     "d_model {} is not divisible by {} attention heads",
                     self.d_model,

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod ops;
+pub mod packed;
 pub mod weights;
 
 use crate::rng::Rng;
@@ -13,6 +14,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 pub use config::{Activation, ModelConfig};
 use std::cell::RefCell;
+use std::sync::OnceLock;
 use weights::{Init, Weights};
 
 /// LayerNorm epsilon (PyTorch's default, as transformers uses).
@@ -82,18 +84,45 @@ impl Dropout {
 pub struct Linear {
     weight: Tensor,
     bias: Tensor,
+    /// Weights loaded from a file never change: they are packed once, on first use, for the
+    /// inference kernel (`None` inside where it cannot run). Trainable ones are not.
+    packed: Option<OnceLock<Option<packed::Packed>>>,
 }
 
 impl Linear {
     fn new(w: &Weights, name: &str, d_in: usize, d_out: usize) -> Result<Self> {
-        Ok(Self {
-            weight: w.get(
+        Ok(Self::from_tensors(
+            w.get(
                 &format!("{name}.weight"),
                 &[d_out, d_in],
                 Init::XavierUniform,
             )?,
-            bias: w.get(&format!("{name}.bias"), &[d_out], Init::Zeros)?,
-        })
+            w.get(&format!("{name}.bias"), &[d_out], Init::Zeros)?,
+            w.is_loaded(),
+        ))
+    }
+
+    fn from_tensors(weight: Tensor, bias: Tensor, fixed: bool) -> Self {
+        Self {
+            weight,
+            bias,
+            packed: fixed.then(OnceLock::new),
+        }
+    }
+
+    /// The packed weights, for inputs that need no gradient, where the kernel runs.
+    fn packed(&self, x: &Tensor) -> Result<Option<&packed::Packed>> {
+        let Some(cell) = &self.packed else {
+            return Ok(None);
+        };
+        if x.dtype() != DType::F32 || !x.device().is_cpu() {
+            return Ok(None);
+        }
+        if cell.get().is_none() {
+            let p = packed::Packed::new(&self.weight, &self.bias)?;
+            let _ = cell.set(p);
+        }
+        Ok(cell.get().and_then(|p| p.as_ref()))
     }
 
     /// Applies the layer to (..., in).
@@ -105,7 +134,11 @@ impl Linear {
     pub fn forward_act(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let d_in = *dims.last().unwrap();
-        let y = ops::linear(&x.reshape(((), d_in))?, &self.weight, &self.bias, relu)?;
+        let x2 = x.reshape(((), d_in))?;
+        let y = match self.packed(x)? {
+            Some(p) => p.forward(&x2, relu)?,
+            None => ops::linear(&x2, &self.weight, &self.bias, relu)?,
+        };
         let mut out = dims;
         *out.last_mut().unwrap() = self.bias.dims()[0];
         Ok(y.reshape(out)?)
@@ -382,6 +415,8 @@ pub struct Seq2Seq {
     pub config: ModelConfig,
     shared: Tensor,
     final_logits_bias: Tensor,
+    /// The tied output projection as a linear layer: `shared` and `final_logits_bias`.
+    output: Linear,
     positions: Tensor,
     encoder_layers: Vec<EncoderLayer>,
     decoder_layers: Vec<DecoderLayer>,
@@ -491,9 +526,15 @@ impl Seq2Seq {
         } else {
             (None, None)
         };
+        let final_logits_bias = w.buffer("final_logits_bias", &[1, config.vocab_size])?;
         Ok(Self {
             config: config.clone(),
-            final_logits_bias: w.buffer("final_logits_bias", &[1, config.vocab_size])?,
+            output: Linear::from_tensors(
+                shared.clone(),
+                final_logits_bias.flatten_all()?,
+                w.is_loaded(),
+            ),
+            final_logits_bias,
             positions: sinusoidal_positions(config.max_position_embeddings, d, w.device())?
                 .to_dtype(shared.dtype())?,
             shared,
@@ -654,8 +695,7 @@ impl Seq2Seq {
 
     /// Output logits for hidden states (N, d) → (N, V): tied projection plus final_logits_bias.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        let bias = self.final_logits_bias.flatten_all()?;
-        Ok(ops::linear(hidden, &self.shared, &bias, false)?)
+        self.output.forward(hidden)
     }
 
     /// The tied output projection's weight (V, d) and bias (1, V): logits = hidden Wᵀ + bias.

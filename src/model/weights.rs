@@ -106,6 +106,12 @@ impl Weights {
         }
     }
 
+    /// Whether the tensors come from a file (fixed for the model's lifetime) rather than
+    /// trainable variables.
+    pub fn is_loaded(&self) -> bool {
+        matches!(self.source, Source::Loaded { .. })
+    }
+
     /// The device tensors live on.
     pub fn device(&self) -> &Device {
         &self.device

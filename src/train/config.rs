@@ -146,7 +146,7 @@ impl TrainConfig {
 
     /// Checks values that would otherwise fail deep inside training.
     pub fn validate(&self) -> Result<()> {
-        if self.heads == 0 || self.d_model % self.heads != 0 {
+        if self.heads == 0 || !self.d_model.is_multiple_of(self.heads) {
             bail!(
                 "d_model {} must be divisible by heads {}",
                 self.d_model,

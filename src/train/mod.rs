@@ -599,7 +599,7 @@ fn train_loop(
                 "epoch {} loss {per_token:.3} lr {lr:.2e} {tok_s:.0} tok/s",
                 state.epoch
             ));
-            if step % cfg.log_every == 0 {
+            if step.is_multiple_of(cfg.log_every) {
                 let elapsed = elapsed0 + start.elapsed().as_secs_f64();
                 let mut record = json!({"step": step, "epoch": state.epoch, "loss": per_token, "lr": lr, "tok_s": tok_s, "elapsed": elapsed});
                 if profile {
@@ -613,7 +613,7 @@ fn train_loop(
                     eprintln!("epoch {} step {step} loss {per_token:.4} lr {lr:.3e} tok/s {tok_s:.0} elapsed {elapsed:.0}s", state.epoch);
                 }
             }
-            if step % cfg.valid_every == 0 {
+            if step.is_multiple_of(cfg.valid_every) {
                 save_and_validate(tr, state, &mut log)?;
                 last_saved = Some(step);
                 if cfg.patience.is_some_and(|p| state.bad_validations >= p) {
