@@ -1140,9 +1140,7 @@ fn attend_row<'a>(
     bias: Option<&[f32]>,
     o: &mut [f32],
 ) {
-    let mut scores: Vec<f32> = (0..n)
-        .map(|j| key(j).iter().zip(qr).map(|(a, b)| a * b).sum::<f32>())
-        .collect();
+    let mut scores: Vec<f32> = (0..n).map(|j| dot(key(j), qr)).collect();
     if let Some(b) = bias {
         scores.iter_mut().zip(b).for_each(|(x, y)| *x += y);
     }
