@@ -13,6 +13,7 @@ fn keep_freed_memory() {
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 
@@ -27,17 +28,31 @@ fn one_candle_pool_thread() {
     }
 }
 
+/// Runs `f` on one of rayon's worker threads. nmt's kernels and the matrix products split
+/// their work with rayon; called from the main thread, which is not a worker, every such call
+/// is handed over to the pool while the caller sleeps on a latch, a futex round trip per
+/// kernel (decoding: ~45,000 futex calls for 500 lines). Called from a worker, a kernel's
+/// halves are queued locally: the worker runs one and the other worker steals the rest.
+fn on_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    // Large stacks: Candle's backward pass walks the graph recursively. Fails only if the
+    // pool already exists, which then serves as it is.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .stack_size(64 << 20)
+        .build_global();
+    rayon::scope(|_| f())
+}
+
 fn main() {
     keep_freed_memory();
     one_candle_pool_thread();
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result = on_worker(move || match cli.command {
         Command::Tokenize(cmd) => commands::tokenize(cmd).map(|()| 0),
         Command::Train(args) => commands::train(*args),
         Command::Translate(args) => commands::translate(args).map(|()| 0),
         Command::Average(args) => commands::average(args).map(|()| 0),
         Command::Eval(args) => commands::eval(args).map(|()| 0),
-    };
+    });
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
