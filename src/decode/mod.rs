@@ -3,7 +3,7 @@
 
 pub mod beam;
 
-use crate::model::ops::{exp_sum, row_max, with_host_f32};
+use crate::model::ops::{self, exp_sum, row_max, with_host_f32};
 use crate::model::{Dropout, Seq2Seq};
 use anyhow::Result;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
@@ -92,8 +92,13 @@ pub fn log_normalisers(logits: &[f32], v: usize) -> Vec<(f32, f32)> {
     logits
         .par_chunks(v)
         .map(|row| {
-            let max = row_max(row);
-            (max, exp_sum(row, max).ln())
+            ops::wide(
+                #[inline(always)]
+                || {
+                    let max = row_max(row);
+                    (max, exp_sum(row, max).ln())
+                },
+            )
         })
         .collect()
 }
