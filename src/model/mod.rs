@@ -171,20 +171,56 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     out_proj: Linear,
+    /// Loaded weights: q, k and v projections stacked into one (3d, d) layer, so that a
+    /// decoding step's self-attention makes one product (one parallel region) instead of three.
+    qkv_proj: Option<Linear>,
     heads: usize,
     head_dim: usize,
 }
 
 impl Attention {
     fn new(w: &Weights, name: &str, d: usize, heads: usize) -> Result<Self> {
+        let (q_proj, k_proj, v_proj) = (
+            Linear::new(w, &format!("{name}.q_proj"), d, d)?,
+            Linear::new(w, &format!("{name}.k_proj"), d, d)?,
+            Linear::new(w, &format!("{name}.v_proj"), d, d)?,
+        );
+        let qkv_proj = if w.is_loaded() {
+            let stack =
+                |f: fn(&Linear) -> &Tensor| Tensor::cat(&[f(&q_proj), f(&k_proj), f(&v_proj)], 0);
+            Some(Linear::from_tensors(
+                stack(|l| &l.weight)?,
+                stack(|l| &l.bias)?,
+                true,
+            ))
+        } else {
+            None
+        };
         Ok(Self {
-            q_proj: Linear::new(w, &format!("{name}.q_proj"), d, d)?,
-            k_proj: Linear::new(w, &format!("{name}.k_proj"), d, d)?,
-            v_proj: Linear::new(w, &format!("{name}.v_proj"), d, d)?,
+            q_proj,
+            k_proj,
+            v_proj,
             out_proj: Linear::new(w, &format!("{name}.out_proj"), d, d)?,
+            qkv_proj,
             heads,
             head_dim: d / heads,
         })
+    }
+
+    /// Scaled queries, keys and values of `x` (B, T, d), each (B, H, T, d_k).
+    pub fn queries_keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let Some(qkv) = &self.qkv_proj else {
+            let (k, v) = self.keys_values(x)?;
+            return Ok((self.queries(x)?, k, v));
+        };
+        let y = qkv.forward(x)?;
+        let d = self.heads * self.head_dim;
+        let part = |i: usize| y.narrow(candle_core::D::Minus1, i * d, d);
+        Ok((
+            self.split_heads(&(part(0)? * (self.head_dim as f64).powf(-0.5))?)?,
+            self.split_heads(&part(1)?)?,
+            self.split_heads(&part(2)?)?,
+        ))
     }
 
     /// (B, T, d) → (B, H, T, d_k)
@@ -236,16 +272,16 @@ impl Attention {
         self.merge(&probs.matmul(v)?)
     }
 
-    /// Single-query self-attention of decoding step t over the keys/values of steps 0..=t,
-    /// one (B_j, H, 1, d_k) pair per step: row b reads row `history[b][j]` of step j.
+    /// Single-query self-attention of decoding step t, for scaled queries `q` (B, H, 1, d_k),
+    /// over the keys/values of steps 0..=t, one (B_j, H, 1, d_k) pair per step: row b reads
+    /// row `history[b][j]` of step j.
     pub fn attend_steps(
         &self,
-        x: &Tensor,
+        q: &Tensor,
         steps: &[(Tensor, Tensor)],
         history: &[Vec<u32>],
     ) -> Result<Tensor> {
-        let q = self.queries(x)?;
-        self.merge(&ops::attend_steps(&q, steps, history)?)
+        self.merge(&ops::attend_steps(q, steps, history)?)
     }
 
     /// Attention without dropout (evaluation, decoding). With `kv_rows`, query row b attends
@@ -794,11 +830,12 @@ impl Seq2Seq {
                 0.0,
                 &drop,
                 |x| {
-                    let (k, v) = l.self_attn.keys_values(x)?;
                     if shared {
+                        let (q, k, v) = l.self_attn.queries_keys_values(x)?;
                         lc.steps.push((k, v));
-                        return l.self_attn.attend_steps(x, &lc.steps, history);
+                        return l.self_attn.attend_steps(&q, &lc.steps, history);
                     }
+                    let (k, v) = l.self_attn.keys_values(x)?;
                     let (k, v) = match &lc.self_kv {
                         Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
                         None => (k, v),
