@@ -3,7 +3,7 @@
 
 use crate::model::ops::slice;
 use anyhow::{bail, Context, Result};
-use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Tensor, Var};
+use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Tensor, Var};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -47,10 +47,14 @@ pub struct Adam {
     state: Tensor,
     /// Whether the master weights in `state` are current.
     master_valid: bool,
-    /// 1 where weight decay applies (matrices), 0 elsewhere (biases, LayerNorm).
-    decay: Tensor,
+    /// 1 where weight decay applies (matrices), 0 elsewhere (biases, LayerNorm). One byte per
+    /// parameter: as f32 tensors the two masks cost 8 bytes per parameter (62 MB of the
+    /// yardstick model's training peak); the device path makes tensors of them when it runs.
+    decay: Vec<u8>,
     /// 0 on gradient entries that must stay zero (see [`Adam::freeze_row`]), else 1.
-    grad_mask: Option<Tensor>,
+    grad_mask: Option<Vec<u8>>,
+    /// `decay` and `grad_mask` as f32 tensors on the device (not the CPU).
+    device_masks: Option<(Tensor, Option<Tensor>)>,
     /// Updates applied so far.
     pub step: usize,
 }
@@ -63,11 +67,7 @@ impl Adam {
         let mut slots = Vec::new();
         for (name, var) in vars {
             let len = var.elem_count();
-            let d = if var.as_tensor().rank() >= 2 {
-                1f32
-            } else {
-                0f32
-            };
+            let d = u8::from(var.as_tensor().rank() >= 2);
             decay.extend(std::iter::repeat_n(d, len));
             slots.push(Slot {
                 name,
@@ -87,8 +87,9 @@ impl Adam {
             n: offset,
             state: Tensor::zeros(3 * offset, DType::F32, &device)?,
             master_valid: false,
-            decay: Tensor::from_vec(decay, offset, &device)?,
+            decay,
             grad_mask: None,
+            device_masks: None,
             step: 0,
         })
     }
@@ -111,14 +112,10 @@ impl Adam {
         if dims.len() < 2 || row >= dims[0] {
             bail!("{name} {dims:?} has no row {row}");
         }
-        let mut mask = match &self.grad_mask {
-            Some(m) => m.to_vec1::<f32>()?,
-            None => vec![1f32; self.n],
-        };
         let start = slot.offset + row * cols;
-        mask[start..start + cols].fill(0.0);
-        let n = mask.len();
-        self.grad_mask = Some(Tensor::from_vec(mask, n, self.state.device())?);
+        let n = self.n;
+        self.grad_mask.get_or_insert_with(|| vec![1; n])[start..start + cols].fill(0);
+        self.device_masks = None;
         Ok(())
     }
 
@@ -143,8 +140,18 @@ impl Adam {
 
     /// [`Adam::update`] in tensor operations, for any device.
     fn update_tensors(&mut self, g: Tensor, scale: f64, clip_norm: f64, lr: f64) -> Result<f64> {
+        if self.device_masks.is_none() {
+            let device = g.device();
+            let f32s = |m: &[u8]| -> Result<Tensor> {
+                let v: Vec<f32> = m.iter().map(|&b| f32::from(b)).collect();
+                Ok(Tensor::from_vec(v, m.len(), device)?)
+            };
+            let grad_mask = self.grad_mask.as_deref().map(f32s).transpose()?;
+            self.device_masks = Some((f32s(&self.decay)?, grad_mask));
+        }
+        let (decay, grad_mask) = self.device_masks.as_ref().unwrap();
         let mut g = (g * scale)?;
-        if let Some(mask) = &self.grad_mask {
+        if let Some(mask) = grad_mask {
             g = (g * mask)?;
         }
         let norm = (g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64).sqrt();
@@ -176,7 +183,7 @@ impl Adam {
         };
         let mut new = (&theta - (step * lr)?)?;
         if weight_decay > 0.0 {
-            new = (new - ((theta * &self.decay)? * (lr * weight_decay))?)?;
+            new = (new - ((theta * decay)? * (lr * weight_decay))?)?;
         }
         self.state = Tensor::cat(&[&m, &v, &new], 0)?.detach();
         self.master_valid = true;
@@ -190,15 +197,12 @@ impl Adam {
         let n = self.n;
         // `flat` of a single tensor is that tensor: copy it before writing in place.
         let g = if self.slots.len() == 1 { g.copy()? } else { g };
-        if self.grad_mask.is_none() {
-            self.grad_mask = Some(Tensor::ones(n, DType::F32, g.device())?);
-        }
-        let mask = self.grad_mask.as_ref().unwrap();
         let scaled = ScaleAndNorm {
             scale: scale as f32,
+            mask: self.grad_mask.as_deref(),
             sum_sq: std::sync::Mutex::new(0.0),
         };
-        g.inplace_op2(mask, &scaled)?;
+        g.inplace_op1(&scaled)?;
         let norm = scaled.sum_sq.into_inner().unwrap().sqrt();
         let clip = if clip_norm > 0.0 && norm > clip_norm {
             clip_norm / (norm + 1e-6)
@@ -212,11 +216,11 @@ impl Adam {
         }
         self.step += 1;
         let c = self.cfg;
-        self.state.inplace_op3(
+        self.state.inplace_op2(
             &g,
-            &self.decay,
             &AdamStep {
                 n,
+                wd: &self.decay,
                 clip: clip as f32,
                 beta1: c.beta1 as f32,
                 beta2: c.beta2 as f32,
@@ -313,31 +317,32 @@ fn data_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<&'a mu
 const CHUNK: usize = 1 << 16;
 
 /// g ← g · scale · mask, in place, summing the squares of the result (in f64).
-struct ScaleAndNorm {
+struct ScaleAndNorm<'a> {
     scale: f32,
+    /// 0/1 per entry; none: all 1.
+    mask: Option<&'a [u8]>,
     sum_sq: std::sync::Mutex<f64>,
 }
 
-impl InplaceOp2 for ScaleAndNorm {
+impl InplaceOp1 for ScaleAndNorm<'_> {
     fn name(&self) -> &'static str {
         "nmt-adam-scale-norm"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &mut CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<()> {
-        let (g, mask) = (data_mut(s1, l1)?, slice(s2, l2)?);
+    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout) -> candle_core::Result<()> {
+        let g = data_mut(s1, l1)?;
         let scale = self.scale;
+        if self.mask.is_some_and(|m| m.len() != g.len()) {
+            candle_core::bail!("optimizer: gradient and mask sizes disagree");
+        }
         let sum: f64 = g
             .par_chunks_mut(CHUNK)
-            .zip(mask.par_chunks(CHUNK))
-            .map(|(g, m)| {
+            .enumerate()
+            .map(|(c, g)| {
+                let m = self.mask.map(|m| &m[c * CHUNK..c * CHUNK + g.len()]);
                 let mut acc = 0f64;
-                for (x, k) in g.iter_mut().zip(m) {
+                for (i, x) in g.iter_mut().enumerate() {
+                    let k = m.map_or(1.0, |m| f32::from(m[i]));
                     *x *= scale * k;
                     acc += (*x as f64) * (*x as f64);
                 }
@@ -351,8 +356,10 @@ impl InplaceOp2 for ScaleAndNorm {
 
 /// One Adam step over the packed state [m | v | master] (3n), from the scaled gradient g and
 /// the weight-decay mask: the same formulas as the tensor path in [`Adam::update`].
-struct AdamStep {
+struct AdamStep<'a> {
     n: usize,
+    /// 1 where weight decay applies, per parameter.
+    wd: &'a [u8],
     clip: f32,
     beta1: f32,
     beta2: f32,
@@ -364,7 +371,7 @@ struct AdamStep {
     decay: f32,
 }
 
-impl InplaceOp3 for AdamStep {
+impl InplaceOp2 for AdamStep<'_> {
     fn name(&self) -> &'static str {
         "nmt-adam-step"
     }
@@ -375,10 +382,8 @@ impl InplaceOp3 for AdamStep {
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
     ) -> candle_core::Result<()> {
-        let (state, g, wd) = (data_mut(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let (state, g, wd) = (data_mut(s1, l1)?, slice(s2, l2)?, self.wd);
         let n = self.n;
         if state.len() != 3 * n || g.len() != n || wd.len() != n {
             candle_core::bail!("optimizer: state, gradient and decay sizes disagree");
@@ -397,7 +402,7 @@ impl InplaceOp3 for AdamStep {
                     v[i] = v[i] * s.beta2 + gi * gi * (1.0 - s.beta2);
                     let step = (m[i] / s.bc1) / ((v[i] / s.bc2).sqrt() + s.eps);
                     let theta = w[i];
-                    w[i] = theta - step * s.lr - theta * wd[i] * s.decay;
+                    w[i] = theta - step * s.lr - theta * f32::from(wd[i]) * s.decay;
                 }
             });
         Ok(())
