@@ -5,7 +5,8 @@
 //! loaded model into panels of [`PANEL`] output columns stored input-major, and an AVX-512
 //! kernel multiplies up to [`TILE_ROWS`] rows by one panel at a time with the panel in cache.
 //! Elsewhere (no AVX-512, other architectures) [`Packed::new`] returns `None` and callers use
-//! the general path.
+//! the general path. It owns only the packed copies: trainable weights, which change at every
+//! step, must not be packed (`Linear` packs only weights loaded from a file).
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -25,22 +26,14 @@ pub struct Packed {
     bias: Vec<f32>,
 }
 
-fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 impl Packed {
     /// Packs `weight` (out, in) and `bias` (out, or 1×out), both CPU f32; `None` where the
     /// kernel cannot run (other devices or dtypes, no AVX-512).
     pub fn new(weight: &Tensor, bias: &Tensor) -> Result<Option<Self>> {
-        if !supported() || !weight.device().is_cpu() || weight.dtype() != candle_core::DType::F32 {
+        if !super::ops::has_avx512()
+            || !weight.device().is_cpu()
+            || weight.dtype() != candle_core::DType::F32
+        {
             return Ok(None);
         }
         let (n_out, k) = weight.dims2()?;
@@ -85,7 +78,7 @@ impl Packed {
         let n_panels = self.n_out.div_ceil(PANEL);
         let out = OutPtr(y.as_mut_ptr().cast::<f32>());
         let panel = |p: usize| {
-            // SAFETY: `supported()` was checked when this value was built; x holds rows × k
+            // SAFETY: `has_avx512()` was checked when this value was built; x holds rows × k
             // values, each panel k × PANEL, and panel p writes only columns p·PANEL.. of y
             // (rows × n_out), disjoint from every other panel's.
             unsafe { self.panel_rows(p, x, rows, &out, relu) }
