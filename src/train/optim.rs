@@ -348,6 +348,10 @@ impl InplaceOp1 for ScaleAndNorm<'_> {
                 }
                 acc
             })
+            // Summed in chunk order (a parallel sum's order depends on the scheduler), so the
+            // norm, and with it the clipping, is the same on every run.
+            .collect::<Vec<f64>>()
+            .into_iter()
             .sum();
         *self.sum_sq.lock().unwrap() = sum;
         Ok(())
