@@ -110,7 +110,8 @@ impl Linear {
         }
     }
 
-    /// The packed weights, for inputs that need no gradient, where the kernel runs.
+    /// The packed weights of a layer loaded from a file, for CPU f32 inputs, where the kernel
+    /// runs (packed on first use).
     fn packed(&self, x: &Tensor) -> Result<Option<&packed::Packed>> {
         let Some(cell) = &self.packed else {
             return Ok(None);
@@ -171,21 +172,23 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     out_proj: Linear,
-    /// Loaded weights: q, k and v projections stacked into one (3d, d) layer, so that a
-    /// decoding step's self-attention makes one product (one parallel region) instead of three.
+    /// Decoder self-attention with loaded weights: q, k and v projections stacked into one
+    /// (3d, d) layer, so that a decoding step makes one product (one parallel region) instead
+    /// of three. Other attentions never use it and have none.
     qkv_proj: Option<Linear>,
     heads: usize,
     head_dim: usize,
 }
 
 impl Attention {
-    fn new(w: &Weights, name: &str, d: usize, heads: usize) -> Result<Self> {
+    /// With `stack_qkv`, loaded weights also get the stacked `qkv_proj` layer.
+    fn new(w: &Weights, name: &str, d: usize, heads: usize, stack_qkv: bool) -> Result<Self> {
         let (q_proj, k_proj, v_proj) = (
             Linear::new(w, &format!("{name}.q_proj"), d, d)?,
             Linear::new(w, &format!("{name}.k_proj"), d, d)?,
             Linear::new(w, &format!("{name}.v_proj"), d, d)?,
         );
-        let qkv_proj = if w.is_loaded() {
+        let qkv_proj = if stack_qkv && w.is_loaded() {
             let stack =
                 |f: fn(&Linear) -> &Tensor| Tensor::cat(&[f(&q_proj), f(&k_proj), f(&v_proj)], 0);
             Some(Linear::from_tensors(
@@ -512,6 +515,7 @@ impl Seq2Seq {
                         &format!("{p}.self_attn"),
                         d,
                         config.encoder_attention_heads,
+                        false,
                     )?,
                     self_attn_layer_norm: LayerNorm::new(
                         w,
@@ -532,6 +536,7 @@ impl Seq2Seq {
                         &format!("{p}.self_attn"),
                         d,
                         config.decoder_attention_heads,
+                        true,
                     )?,
                     self_attn_layer_norm: LayerNorm::new(
                         w,
@@ -543,6 +548,7 @@ impl Seq2Seq {
                         &format!("{p}.encoder_attn"),
                         d,
                         config.decoder_attention_heads,
+                        false,
                     )?,
                     encoder_attn_layer_norm: LayerNorm::new(
                         w,
