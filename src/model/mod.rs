@@ -4,6 +4,7 @@
 //! second, `final_logits_bias`, post-norm residual blocks). Batching, losses and search live
 //! elsewhere; this module only maps token ids to hidden states and logits.
 
+pub mod attention;
 pub mod config;
 pub mod ops;
 pub mod packed;
@@ -108,6 +109,18 @@ impl Linear {
             bias,
             packed: fixed.then(OnceLock::new),
         }
+    }
+
+    /// The layers side by side, one (Σ out, in) layer: one product for their common input.
+    /// Differentiable: gradients flow back to each layer's own weights.
+    fn stack(layers: &[&Linear]) -> Result<Self> {
+        let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
+        let biases: Vec<&Tensor> = layers.iter().map(|l| &l.bias).collect();
+        Ok(Self::from_tensors(
+            Tensor::cat(&weights, 0)?,
+            Tensor::cat(&biases, 0)?,
+            false,
+        ))
     }
 
     /// The packed weights of a layer loaded from a file, for CPU f32 inputs, where the kernel
@@ -273,6 +286,48 @@ impl Attention {
         let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
         let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
         self.merge(&probs.matmul(v)?)
+    }
+
+    /// Self-attention over whole sequences `x` (B, T, d) with `bias` (B|1, 1, T|1, T). On the
+    /// CPU in f32 without attention dropout: one projection to stacked q, k and v and one
+    /// fused op; otherwise Candle's primitives.
+    pub fn self_attend(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        p_attn: f64,
+        drop: &Dropout,
+    ) -> Result<Tensor> {
+        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
+            let qkv = match &self.qkv_proj {
+                Some(l) => l.forward(x)?,
+                None => Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])?.forward(x)?,
+            };
+            let ctx = attention::self_attention(&qkv, self.heads, Some(bias))?;
+            return self.out_proj.forward(&ctx);
+        }
+        let (k, v) = self.keys_values(x)?;
+        self.attend(x, &k, &v, Some(bias), p_attn, drop)
+    }
+
+    /// Attention of `x` (B, T, d) over the encoder output `memory` (B, S, d) with `bias`
+    /// (B|1, 1, 1, S), fused as `self_attend` is where it can be.
+    pub fn cross_attend(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        bias: &Tensor,
+        p_attn: f64,
+        drop: &Dropout,
+    ) -> Result<Tensor> {
+        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
+            let q = self.q_proj.forward(x)?;
+            let kv = Linear::stack(&[&self.k_proj, &self.v_proj])?.forward(memory)?;
+            let ctx = attention::cross_attention(&q, &kv, self.heads, Some(bias))?;
+            return self.out_proj.forward(&ctx);
+        }
+        let (k, v) = self.keys_values(memory)?;
+        self.attend(x, &k, &v, Some(bias), p_attn, drop)
     }
 
     /// Single-query self-attention of decoding step t, for scaled queries `q` (B, H, 1, d_k),
@@ -663,9 +718,8 @@ impl Seq2Seq {
                 c.dropout,
                 drop,
                 |x| {
-                    let (k, v) = l.self_attn.keys_values(x)?;
                     l.self_attn
-                        .attend(x, &k, &v, Some(src_bias), c.attention_dropout, drop)
+                        .self_attend(x, src_bias, c.attention_dropout, drop)
                 },
             )?;
             h = residual(
@@ -703,9 +757,8 @@ impl Seq2Seq {
                 c.dropout,
                 drop,
                 |x| {
-                    let (k, v) = l.self_attn.keys_values(x)?;
                     l.self_attn
-                        .attend(x, &k, &v, Some(tgt_bias), c.attention_dropout, drop)
+                        .self_attend(x, tgt_bias, c.attention_dropout, drop)
                 },
             )?;
             h = residual(
@@ -715,9 +768,8 @@ impl Seq2Seq {
                 c.dropout,
                 drop,
                 |x| {
-                    let (k, v) = l.encoder_attn.keys_values(memory)?;
                     l.encoder_attn
-                        .attend(x, &k, &v, Some(src_bias), c.attention_dropout, drop)
+                        .cross_attend(x, memory, src_bias, c.attention_dropout, drop)
                 },
             )?;
             h = residual(

@@ -8,7 +8,8 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
-fn fused(t: &Tensor) -> bool {
+/// Whether the CPU f32 kernels of this crate apply to `t`.
+pub(crate) fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
 }
 
@@ -819,9 +820,11 @@ struct LinearOp {
     relu: bool,
 }
 
-struct LinearGrad;
-
-struct ReluMask;
+/// The backward of [`LinearOp`]; with `relu_out`, the layer's ReLU output, whose zeros mask
+/// the incoming gradient (applied on the fly, not as an op of its own).
+struct LinearGrad {
+    relu_out: Option<Tensor>,
+}
 
 /// dst (m×n) = [dst +] lhs (m×k) · rhs (k×n), strides in elements (row, column).
 #[allow(clippy::too_many_arguments)]
@@ -877,7 +880,7 @@ const SKINNY_ROWS: usize = 8;
 
 /// Σ a·b in `LANES` partial sums.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -960,47 +963,18 @@ impl CustomOp3 for LinearOp {
         y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dy = dy.contiguous()?;
-        let g = if self.relu {
-            dy.apply_op2_no_bwd(y, &ReluMask)?
-        } else {
-            dy
-        };
         let (rows, n_in) = x.dims2()?;
         let n_out = w.dim(0)?;
-        let all = x.apply_op3_no_bwd(w, &g, &LinearGrad)?;
+        let grad = LinearGrad {
+            relu_out: self.relu.then(|| y.clone()),
+        };
+        let all = x.apply_op3_no_bwd(w, &dy.contiguous()?, &grad)?;
         let dx = all.narrow(0, 0, rows * n_in)?.reshape((rows, n_in))?;
         let dw = all
             .narrow(0, rows * n_in, n_out * n_in)?
             .reshape((n_out, n_in))?;
         let db = all.narrow(0, (rows + n_out) * n_in, n_out)?;
         Ok((Some(dx), Some(dw), Some(db)))
-    }
-}
-
-impl CustomOp2 for ReluMask {
-    fn name(&self) -> &'static str {
-        "nmt-relu-mask"
-    }
-
-    /// dy where the ReLU output is positive, else 0.
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (dy, y) = (slice(s1, l1)?, slice(s2, l2)?);
-        let mut g = vec![0f32; dy.len()];
-        g.par_chunks_mut(16_384)
-            .zip(dy.par_chunks(16_384).zip(y.par_chunks(16_384)))
-            .for_each(|(gc, (dc, yc))| {
-                for ((g, d), y) in gc.iter_mut().zip(dc).zip(yc) {
-                    *g = if *y > 0.0 { *d } else { 0.0 };
-                }
-            });
-        Ok((CpuStorage::F32(g), l1.shape().clone()))
     }
 }
 
@@ -1019,17 +993,46 @@ impl CustomOp3 for LinearGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (x, w, g) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let (x, w, dy) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let (n_out, n_in) = (l2.dims()[0], l2.dims()[1]);
         let rows = x.len() / n_in;
         let mut out = vec![0f32; rows * n_in + n_out * n_in + n_out];
         let (dx, rest) = out.split_at_mut(rows * n_in);
         let (dw, db) = rest.split_at_mut(n_out * n_in);
+        // The gradient at the pre-activation (ReLU's zeros masked out) and its column sums
+        // (the bias gradient), in parallel blocks of rows whose partial sums are added in
+        // block order, so that results do not depend on scheduling.
+        let masked;
+        let g = match &self.relu_out {
+            Some(y) => {
+                let guard = y.storage_and_layout();
+                let y = guarded_f32(&guard)?;
+                let mut m = Vec::new();
+                dy.par_iter()
+                    .zip(y)
+                    .map(|(d, y)| if *y > 0.0 { *d } else { 0.0 })
+                    .collect_into_vec(&mut m);
+                masked = m;
+                &masked[..]
+            }
+            None => dy,
+        };
+        let block = rows_per_task(n_out) * n_out;
+        let partial: Vec<Vec<f32>> = g
+            .par_chunks(block)
+            .map(|c| {
+                let mut s = vec![0f32; n_out];
+                for row in c.chunks(n_out) {
+                    s.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+                }
+                s
+            })
+            .collect();
+        for p in partial {
+            db.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+        }
         gemm_into(rows, n_in, n_out, dx, false, g, n_out, 1, w, n_in, 1);
         gemm_into(n_out, n_in, rows, dw, false, g, 1, n_out, x, n_in, 1);
-        for row in g.chunks(n_out) {
-            db.iter_mut().zip(row).for_each(|(a, b)| *a += b);
-        }
         Ok((
             CpuStorage::F32(out),
             Shape::from(rows * n_in + n_out * n_in + n_out),

@@ -1,0 +1,490 @@
+//! Multi-head attention over whole sequences as one differentiable op with its own backward
+//! (CPU, f32): training, validation and teacher-forced scoring. Queries, keys and values are
+//! read in place from the projections' outputs, (B, T, ·) with the heads side by side, and the
+//! context comes back as (B, T, d): no head transposes, no score tensors in the graph, and one
+//! gradient for the projections instead of one per intermediate. Decoding one step at a time
+//! has kernels of its own in `ops`.
+
+use super::ops::{dot, slice, with_host_f32};
+use anyhow::Result;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use rayon::prelude::*;
+use std::sync::Mutex;
+
+/// Where queries, keys and values sit in their (B, rows, cols) inputs, and the problem's size.
+#[derive(Clone, Copy)]
+struct Geometry {
+    batch: usize,
+    /// Query and key positions.
+    t: usize,
+    s: usize,
+    heads: usize,
+    head_dim: usize,
+    /// Columns of the query input and of the key/value input (the same tensor for
+    /// self-attention), and where q, k and v start in them.
+    q_cols: usize,
+    kv_cols: usize,
+    q_off: usize,
+    k_off: usize,
+    v_off: usize,
+}
+
+impl Geometry {
+    fn d(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}
+
+/// Additive key bias (Bb, Tb, S), Bb ∈ {1, B} and Tb ∈ {1, T} broadcast: 0 for visible keys,
+/// a large negative value for hidden ones.
+struct Bias {
+    data: Vec<f32>,
+    b: usize,
+    t: usize,
+}
+
+impl Bias {
+    /// From a (Bb, 1, Tb, S) tensor, or none.
+    fn new(bias: Option<&Tensor>, s: usize) -> Result<Self> {
+        let Some(bias) = bias else {
+            return Ok(Self {
+                data: vec![0.0; s],
+                b: 1,
+                t: 1,
+            });
+        };
+        let (b, _, t, bs) = bias.dims4()?;
+        anyhow::ensure!(bs == s, "attention bias has {bs} keys, expected {s}");
+        let data = with_host_f32(&bias.contiguous()?, <[f32]>::to_vec)?;
+        Ok(Self { data, b, t })
+    }
+
+    fn row(&self, b: usize, i: usize, s: usize) -> &[f32] {
+        let r = (if self.b == 1 { 0 } else { b }) * self.t + if self.t == 1 { 0 } else { i };
+        &self.data[r * s..(r + 1) * s]
+    }
+}
+
+/// The op: context and, kept for the backward pass, the attention probabilities (B, H, T, S).
+struct Mha {
+    g: Geometry,
+    bias: Bias,
+    probs: Mutex<Vec<f32>>,
+}
+
+/// Forward for batch row b: probabilities `p` (H, T, S) and context `ctx` (T, d).
+fn forward_row(
+    g: &Geometry,
+    bias: &Bias,
+    b: usize,
+    q: &[f32],
+    kv: &[f32],
+    p: &mut [f32],
+    ctx: &mut [f32],
+) {
+    let (t, s, dk, d) = (g.t, g.s, g.head_dim, g.d());
+    let scale = (dk as f32).powf(-0.5);
+    let key = |h: usize, j: usize| {
+        let at = (b * s + j) * g.kv_cols + g.k_off + h * dk;
+        &kv[at..at + dk]
+    };
+    let value = |h: usize, j: usize| {
+        let at = (b * s + j) * g.kv_cols + g.v_off + h * dk;
+        &kv[at..at + dk]
+    };
+    ctx.fill(0.0);
+    for h in 0..g.heads {
+        for i in 0..t {
+            let at = (b * t + i) * g.q_cols + g.q_off + h * dk;
+            let qi = &q[at..at + dk];
+            let pr = &mut p[(h * t + i) * s..(h * t + i + 1) * s];
+            let br = bias.row(b, i, s);
+            let mut max = f32::NEG_INFINITY;
+            for j in 0..s {
+                pr[j] = dot(qi, key(h, j)) * scale + br[j];
+                max = max.max(pr[j]);
+            }
+            let mut sum = 0f32;
+            for v in pr.iter_mut() {
+                *v = super::ops::fast_exp(*v - max);
+                sum += *v;
+            }
+            let inv = 1.0 / sum;
+            let out = &mut ctx[i * d + h * dk..i * d + (h + 1) * dk];
+            for (j, pj) in pr.iter_mut().enumerate() {
+                *pj *= inv;
+                if *pj != 0.0 {
+                    out.iter_mut()
+                        .zip(value(h, j))
+                        .for_each(|(o, v)| *o += *pj * v);
+                }
+            }
+        }
+    }
+}
+
+/// Backward for batch row b: from the context gradient `dctx` (T, d) and probabilities `p`
+/// (H, T, S), the query gradient `dq` (T, d) and key/value gradients `dk`, `dv` (S, d).
+#[allow(clippy::too_many_arguments)]
+fn backward_row(
+    g: &Geometry,
+    b: usize,
+    q: &[f32],
+    kv: &[f32],
+    p: &[f32],
+    dctx: &[f32],
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) {
+    let (t, s, hd, d) = (g.t, g.s, g.head_dim, g.d());
+    let scale = (hd as f32).powf(-0.5);
+    let mut ds = vec![0f32; s];
+    for h in 0..g.heads {
+        let cols = h * hd..(h + 1) * hd;
+        for i in 0..t {
+            let pr = &p[(h * t + i) * s..(h * t + i + 1) * s];
+            let dc = &dctx[i * d + cols.start..i * d + cols.end];
+            let at = (b * t + i) * g.q_cols + g.q_off + h * hd;
+            let qi = &q[at..at + hd];
+            // dS = P ⊙ (dP − Σ P·dP), dP = dctx · Vᵀ; the score scale folded in.
+            let mut r = 0f32;
+            for j in 0..s {
+                ds[j] = if pr[j] == 0.0 {
+                    0.0
+                } else {
+                    let at = (b * s + j) * g.kv_cols + g.v_off + h * hd;
+                    dot(dc, &kv[at..at + hd])
+                };
+                r += pr[j] * ds[j];
+            }
+            let dqi = &mut dq[i * d + cols.start..i * d + cols.end];
+            for j in 0..s {
+                if pr[j] == 0.0 {
+                    continue;
+                }
+                let gs = pr[j] * (ds[j] - r) * scale;
+                let at = (b * s + j) * g.kv_cols + g.k_off + h * hd;
+                let kj = &kv[at..at + hd];
+                dqi.iter_mut().zip(kj).for_each(|(a, k)| *a += gs * k);
+                dk[j * d + cols.start..j * d + cols.end]
+                    .iter_mut()
+                    .zip(qi)
+                    .for_each(|(a, x)| *a += gs * x);
+                dv[j * d + cols.start..j * d + cols.end]
+                    .iter_mut()
+                    .zip(dc)
+                    .for_each(|(a, x)| *a += pr[j] * x);
+            }
+        }
+    }
+}
+
+impl Mha {
+    fn new(g: Geometry, bias: Option<&Tensor>) -> Result<Self> {
+        Ok(Self {
+            bias: Bias::new(bias, g.s)?,
+            g,
+            probs: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn forward(&self, q: &[f32], kv: &[f32]) -> (CpuStorage, Shape) {
+        let g = &self.g;
+        let (t, s, d) = (g.t, g.s, g.d());
+        let mut probs = vec![0f32; g.batch * g.heads * t * s];
+        let mut ctx = vec![0f32; g.batch * t * d];
+        probs
+            .par_chunks_mut(g.heads * t * s)
+            .zip(ctx.par_chunks_mut(t * d))
+            .enumerate()
+            .for_each(|(b, (p, c))| forward_row(g, &self.bias, b, q, kv, p, c));
+        *self.probs.lock().unwrap_or_else(|e| e.into_inner()) = probs;
+        (CpuStorage::F32(ctx), Shape::from((g.batch, t, d)))
+    }
+
+    /// Gradients for the query input and the key/value input, laid out as those inputs
+    /// (zero in the columns the op does not read); one buffer when they are the same tensor.
+    fn backward(&self, q: &Tensor, kv: Option<&Tensor>, dctx: &Tensor) -> Result<Vec<Tensor>> {
+        let g = &self.g;
+        let (t, s, d) = (g.t, g.s, g.d());
+        let probs = self.probs.lock().unwrap_or_else(|e| e.into_inner());
+        let dctx = dctx.contiguous()?;
+        let (q, kv) = (q.contiguous()?, kv.map(Tensor::contiguous).transpose()?);
+        let kv_t = kv.as_ref().unwrap_or(&q);
+        // Per batch row: dq (T, d), dk and dv (S, d).
+        let parts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = with_host_f32(&q, |qd| {
+            with_host_f32(kv_t, |kvd| {
+                with_host_f32(&dctx, |dc| {
+                    (0..g.batch)
+                        .into_par_iter()
+                        .map(|b| {
+                            let (mut dq, mut dk, mut dv) =
+                                (vec![0f32; t * d], vec![0f32; s * d], vec![0f32; s * d]);
+                            backward_row(
+                                g,
+                                b,
+                                qd,
+                                kvd,
+                                &probs[b * g.heads * t * s..(b + 1) * g.heads * t * s],
+                                &dc[b * t * d..(b + 1) * t * d],
+                                &mut dq,
+                                &mut dk,
+                                &mut dv,
+                            );
+                            (dq, dk, dv)
+                        })
+                        .collect()
+                })
+            })
+        })???;
+        let scatter = |cols: usize, rows: usize, put: &[(usize, usize)]| -> Vec<f32> {
+            let mut out = vec![0f32; g.batch * rows * cols];
+            out.par_chunks_mut(rows * cols)
+                .zip(&parts)
+                .for_each(|(o, part)| {
+                    let src = [&part.0, &part.1, &part.2];
+                    for &(which, off) in put {
+                        for (r, row) in src[which].chunks(d).enumerate() {
+                            o[r * cols + off..r * cols + off + d].copy_from_slice(row);
+                        }
+                    }
+                });
+            out
+        };
+        let dev = q.device();
+        Ok(match kv {
+            None => vec![Tensor::from_vec(
+                scatter(g.q_cols, t, &[(0, g.q_off), (1, g.k_off), (2, g.v_off)]),
+                (g.batch, t, g.q_cols),
+                dev,
+            )?],
+            Some(_) => vec![
+                Tensor::from_vec(
+                    scatter(g.q_cols, t, &[(0, g.q_off)]),
+                    (g.batch, t, g.q_cols),
+                    dev,
+                )?,
+                Tensor::from_vec(
+                    scatter(g.kv_cols, s, &[(1, g.k_off), (2, g.v_off)]),
+                    (g.batch, s, g.kv_cols),
+                    dev,
+                )?,
+            ],
+        })
+    }
+}
+
+/// Self-attention: q, k and v side by side in one input.
+struct SelfAttention(Mha);
+
+/// Cross-attention: queries in one input, keys and values side by side in another.
+struct CrossAttention(Mha);
+
+impl CustomOp1 for SelfAttention {
+    fn name(&self) -> &'static str {
+        "nmt-self-attention"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let qkv = slice(s1, l1)?;
+        Ok(self.0.forward(qkv, qkv))
+    }
+
+    fn bwd(
+        &self,
+        qkv: &Tensor,
+        _res: &Tensor,
+        dctx: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let mut g = self.0.backward(qkv, None, dctx).map_err(wrap)?;
+        Ok(g.pop())
+    }
+}
+
+impl CustomOp2 for CrossAttention {
+    fn name(&self) -> &'static str {
+        "nmt-cross-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        Ok(self.0.forward(slice(s1, l1)?, slice(s2, l2)?))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        kv: &Tensor,
+        _res: &Tensor,
+        dctx: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.0.backward(q, Some(kv), dctx).map_err(wrap)?;
+        let dkv = g.pop();
+        Ok((g.pop(), dkv))
+    }
+}
+
+fn wrap(e: anyhow::Error) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{e:#}"))
+}
+
+/// softmax(q·kᵀ/√d_k + bias)·v over `heads` heads, with q, k and v the three (d)-wide column
+/// blocks of `qkv` (B, T, 3d), and `bias` (B|1, 1, T|1, T) additive. Returns (B, T, d).
+pub fn self_attention(qkv: &Tensor, heads: usize, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (batch, t, cols) = qkv.dims3()?;
+    let d = cols / 3;
+    let g = Geometry {
+        batch,
+        t,
+        s: t,
+        heads,
+        head_dim: d / heads,
+        q_cols: cols,
+        kv_cols: cols,
+        q_off: 0,
+        k_off: d,
+        v_off: 2 * d,
+    };
+    Ok(qkv
+        .contiguous()?
+        .apply_op1(SelfAttention(Mha::new(g, bias)?))?)
+}
+
+/// Attention of queries `q` (B, T, d) over keys and values, the two (d)-wide column blocks of
+/// `kv` (B, S, 2d), with `bias` (B|1, 1, T|1, S) additive. Returns (B, T, d).
+pub fn cross_attention(
+    q: &Tensor,
+    kv: &Tensor,
+    heads: usize,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
+    let (batch, t, d) = q.dims3()?;
+    let s = kv.dim(1)?;
+    let g = Geometry {
+        batch,
+        t,
+        s,
+        heads,
+        head_dim: d / heads,
+        q_cols: d,
+        kv_cols: 2 * d,
+        q_off: 0,
+        k_off: 0,
+        v_off: d,
+    };
+    Ok(q.contiguous()?
+        .apply_op2(&kv.contiguous()?, CrossAttention(Mha::new(g, bias)?))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var, D};
+
+    /// The same attention from Candle's primitives: (B, T, d) inputs.
+    fn composite(q: &Tensor, k: &Tensor, v: &Tensor, heads: usize, bias: &Tensor) -> Tensor {
+        let split = |x: &Tensor| {
+            let (b, t, d) = x.dims3().unwrap();
+            x.reshape((b, t, heads, d / heads))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .contiguous()
+                .unwrap()
+        };
+        let dk = q.dim(2).unwrap() / heads;
+        let scores = (split(q).matmul(&split(k).t().unwrap()).unwrap() * (dk as f64).powf(-0.5))
+            .unwrap()
+            .broadcast_add(bias)
+            .unwrap();
+        let p = candle_nn::ops::softmax(&scores, D::Minus1).unwrap();
+        let ctx = p.matmul(&split(v)).unwrap();
+        let (b, _, t, _) = ctx.dims4().unwrap();
+        ctx.transpose(1, 2).unwrap().reshape((b, t, ())).unwrap()
+    }
+
+    fn close(a: &Tensor, b: &Tensor) {
+        let diff = (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-4, "max difference {diff}");
+    }
+
+    #[test]
+    fn self_attention_matches_the_composite_and_its_gradient() {
+        let dev = Device::Cpu;
+        let (b, t, d, heads) = (3, 5, 8, 2);
+        let qkv = Var::from_tensor(&Tensor::randn(0f32, 1., (b, t, 3 * d), &dev).unwrap()).unwrap();
+        // Causal and a padded last key in row 1.
+        let mut bias = vec![0f32; b * t * t];
+        for r in 0..b {
+            for i in 0..t {
+                for j in 0..t {
+                    if j > i || (r == 1 && j == t - 1) {
+                        bias[(r * t + i) * t + j] = -1e9;
+                    }
+                }
+            }
+        }
+        let bias = Tensor::from_vec(bias, (b, 1, t, t), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1., (b, t, d), &dev).unwrap();
+        let fused = self_attention(qkv.as_tensor(), heads, Some(&bias)).unwrap();
+        let part = |i: usize| qkv.as_tensor().narrow(2, i * d, d).unwrap();
+        let plain = composite(&part(0), &part(1), &part(2), heads, &bias);
+        close(&fused, &plain);
+        let grad = |y: &Tensor| {
+            (y * &w)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap()
+                .get(qkv.as_tensor())
+                .unwrap()
+                .clone()
+        };
+        close(&grad(&fused), &grad(&plain));
+    }
+
+    #[test]
+    fn cross_attention_matches_the_composite_and_its_gradient() {
+        let dev = Device::Cpu;
+        let (b, t, s, d, heads) = (2, 4, 6, 8, 4);
+        let q = Var::from_tensor(&Tensor::randn(0f32, 1., (b, t, d), &dev).unwrap()).unwrap();
+        let kv = Var::from_tensor(&Tensor::randn(0f32, 1., (b, s, 2 * d), &dev).unwrap()).unwrap();
+        let bias = Tensor::from_vec(
+            (0..b * s)
+                .map(|i| if i == 5 || i == 10 { -1e9f32 } else { 0.0 })
+                .collect::<Vec<_>>(),
+            (b, 1, 1, s),
+            &dev,
+        )
+        .unwrap();
+        let w = Tensor::randn(0f32, 1., (b, t, d), &dev).unwrap();
+        let fused = cross_attention(q.as_tensor(), kv.as_tensor(), heads, Some(&bias)).unwrap();
+        let part = |i: usize| kv.as_tensor().narrow(2, i * d, d).unwrap();
+        let plain = composite(q.as_tensor(), &part(0), &part(1), heads, &bias);
+        close(&fused, &plain);
+        let grads = |y: &Tensor| {
+            let g = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            (
+                g.get(q.as_tensor()).unwrap().clone(),
+                g.get(kv.as_tensor()).unwrap().clone(),
+            )
+        };
+        let (a, b) = (grads(&fused), grads(&plain));
+        close(&a.0, &b.0);
+        close(&a.1, &b.1);
+    }
+}
