@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// SplitMix64's state increment.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// SplitMix64: fast, statistically sound for shuffling, bootstrap and dropout seeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rng {
@@ -18,8 +21,23 @@ impl Rng {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
+        self.state = self.state.wrapping_add(GAMMA);
+        Self::mix(self.state)
+    }
+
+    /// The `k`-th draw (from 1) after the current state, without advancing: draws can be
+    /// made in any order, or in parallel, and equal the sequential ones.
+    pub fn draw_at(&self, k: u64) -> u64 {
+        Self::mix(self.state.wrapping_add(k.wrapping_mul(GAMMA)))
+    }
+
+    /// Advances the state past `n` draws.
+    pub fn skip(&mut self, n: u64) {
+        self.state = self.state.wrapping_add(n.wrapping_mul(GAMMA));
+    }
+
+    /// SplitMix64's output function.
+    fn mix(mut z: u64) -> u64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
@@ -54,6 +72,12 @@ mod tests {
         let mut a = Rng::new(7);
         let mut b = Rng::new(7);
         assert_eq!(a.next_u64(), b.next_u64());
+        // Draws at an offset equal the sequential ones, and skipping lands where drawing does.
+        let ahead: Vec<u64> = (1..=3).map(|k| b.draw_at(k)).collect();
+        let mut c = b;
+        c.skip(3);
+        assert_eq!(ahead, (0..3).map(|_| b.next_u64()).collect::<Vec<_>>());
+        assert_eq!(b, c);
         let mut counts = [0usize; 4];
         for _ in 0..40_000 {
             counts[a.below(4)] += 1;

@@ -47,37 +47,53 @@ impl Dropout {
         self.rng.is_some()
     }
 
+    /// The mask for the next `n` elements (advancing the stream past them), or `None` where
+    /// nothing is dropped.
+    fn mask(&self, n: usize, p: f64) -> Option<ops::DropoutMask> {
+        let rng = self.rng.as_ref().filter(|_| p > 0.0)?;
+        let mut rng = rng.borrow_mut();
+        let mask = ops::DropoutMask {
+            rng: *rng,
+            threshold: (p * (1u64 << 32) as f64) as u64,
+            keep: 1.0 / (1.0 - p) as f32,
+        };
+        rng.skip(n.div_ceil(2) as u64);
+        Some(mask)
+    }
+
     /// Zeroes each element with probability `p` and scales the rest by 1/(1-p).
     pub fn apply(&self, x: &Tensor, p: f64) -> Result<Tensor> {
-        let Some(rng) = &self.rng else {
-            return Ok(x.clone());
-        };
-        if p <= 0.0 {
+        if !self.is_on() || p <= 0.0 {
             return Ok(x.clone());
         }
-        let keep = 1.0 / (1.0 - p) as f32;
         if !x.device().is_cpu() {
             // On a GPU the masks are drawn there, from the device's generator (cuRAND, seeded
             // once per run by the trainer): drawing them on the host and copying them over
             // cost more than the rest of a training step.
+            let keep = 1.0 / (1.0 - p);
             let u = Tensor::rand(0f32, 1f32, x.shape(), x.device())?;
-            let mask = (u.ge(p)?.to_dtype(x.dtype())? * keep as f64)?;
+            let mask = (u.ge(p)?.to_dtype(x.dtype())? * keep)?;
             return Ok((x * mask)?);
         }
         let n = x.elem_count();
-        let threshold = (p * (1u64 << 32) as f64) as u64;
-        let mut rng = rng.borrow_mut();
-        let mut mask = Vec::with_capacity(n);
-        while mask.len() < n {
-            let r = rng.next_u64();
-            for half in [r & 0xffff_ffff, r >> 32] {
-                if mask.len() < n {
-                    mask.push(if half < threshold { 0.0 } else { keep });
-                }
+        let Some(mask) = self.mask(n, p) else {
+            return Ok(x.clone());
+        };
+        if ops::fused(x) {
+            return Ok(ops::dropout(x, mask)?);
+        }
+        let mask = Tensor::from_vec(mask.values(n), x.shape(), x.device())?.to_dtype(x.dtype())?;
+        Ok((x * mask)?)
+    }
+
+    /// x + dropout(f): a residual connection, one op on the CPU in f32.
+    pub fn add(&self, x: &Tensor, f: &Tensor, p: f64) -> Result<Tensor> {
+        if ops::fused(f) && x.device().is_cpu() && x.dtype() == f.dtype() {
+            if let Some(mask) = self.mask(f.elem_count(), p) {
+                return Ok(ops::add_dropout(x, f, mask)?);
             }
         }
-        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
-        Ok((x * mask)?)
+        Ok((x + self.apply(f, p)?)?)
     }
 }
 
@@ -402,9 +418,9 @@ fn residual(
     f: impl FnOnce(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     if pre_norm {
-        Ok((x + drop.apply(&f(&ln.forward(x)?)?, p)?)?)
+        drop.add(x, &f(&ln.forward(x)?)?, p)
     } else {
-        ln.forward(&(x + drop.apply(&f(x)?, p)?)?)
+        ln.forward(&drop.add(x, &f(x)?, p)?)
     }
 }
 

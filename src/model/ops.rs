@@ -5,7 +5,10 @@
 //! backward supplied here; elsewhere the same functions fall back to differentiable
 //! compositions of Candle ops, so results agree everywhere.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use crate::rng::Rng;
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
+};
 use rayon::prelude::*;
 
 /// Whether the CPU f32 kernels of this crate apply to `t`.
@@ -1051,6 +1054,124 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> 
     } else {
         Ok(y)
     }
+}
+
+// ---------------------------------------------------------------- dropout
+
+/// A dropout mask drawn from a SplitMix64 stream: element i is zeroed when the (i mod 2)-th
+/// 32-bit half of draw ⌊i/2⌋ + 1 after `rng` is below `threshold`, else scaled by `keep`.
+/// Any element can be computed on its own, so masks are made in parallel (and the backward
+/// pass recomputes them instead of storing them), equal to drawing them in sequence.
+#[derive(Clone, Copy)]
+pub struct DropoutMask {
+    /// The stream's state before this mask's first draw.
+    pub rng: Rng,
+    /// Drop probability × 2³².
+    pub threshold: u64,
+    /// 1 / (1 − p).
+    pub keep: f32,
+}
+
+impl DropoutMask {
+    /// Elements per parallel task (even: a draw covers two elements).
+    const CHUNK: usize = 16_384;
+
+    /// out = [base +] x · mask, for the elements `start..start + x.len()` of the mask.
+    #[inline(always)]
+    fn apply_at(&self, start: usize, x: &[f32], base: Option<&[f32]>, out: &mut [f32]) {
+        let factor = |half: u64| if half < self.threshold { 0.0 } else { self.keep };
+        for (j, pair) in out.chunks_mut(2).enumerate() {
+            let i = start + 2 * j;
+            let r = self.rng.draw_at((i / 2) as u64 + 1);
+            for (k, o) in pair.iter_mut().enumerate() {
+                let m = factor(if k == 0 { r & 0xffff_ffff } else { r >> 32 });
+                let v = x[2 * j + k] * m;
+                *o = match base {
+                    Some(b) => b[2 * j + k] + v,
+                    None => v,
+                };
+            }
+        }
+    }
+
+    /// [base +] x · mask, in parallel.
+    fn apply(&self, x: &[f32], base: Option<&[f32]>) -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(Self::CHUNK)
+            .enumerate()
+            .for_each(|(c, o)| {
+                let at = c * Self::CHUNK;
+                let b = base.map(|b| &b[at..at + o.len()]);
+                self.apply_at(at, &x[at..at + o.len()], b, o);
+            });
+        out
+    }
+
+    /// The mask's first `n` values (0 or `keep`).
+    pub fn values(&self, n: usize) -> Vec<f32> {
+        self.apply(&vec![1f32; n], None)
+    }
+}
+
+struct DropoutOp(DropoutMask);
+
+struct AddDropoutOp(DropoutMask);
+
+impl CustomOp1 for DropoutOp {
+    fn name(&self) -> &'static str {
+        "nmt-dropout"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+        let y = self.0.apply(slice(s1, l1)?, None);
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(dy.contiguous()?.apply_op1_no_bwd(self)?))
+    }
+}
+
+impl CustomOp2 for AddDropoutOp {
+    fn name(&self) -> &'static str {
+        "nmt-add-dropout"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let y = self.0.apply(slice(s2, l2)?, Some(slice(s1, l1)?));
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _f: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let df = dy.contiguous()?.apply_op1_no_bwd(&DropoutOp(self.0))?;
+        Ok((Some(dy.clone()), Some(df)))
+    }
+}
+
+/// x · mask (CPU, f32).
+pub fn dropout(x: &Tensor, mask: DropoutMask) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(DropoutOp(mask))
+}
+
+/// x + f · mask, the residual connection around a sub-layer with output `f` (CPU, f32).
+pub fn add_dropout(x: &Tensor, f: &Tensor, mask: DropoutMask) -> Result<Tensor> {
+    if x.shape() != f.shape() {
+        candle_core::bail!("add_dropout: shapes {:?} and {:?} differ", x.shape(), f.shape());
+    }
+    x.contiguous()?
+        .apply_op2(&f.contiguous()?, AddDropoutOp(mask))
 }
 
 // ---------------------------------------------------------------- single-query attention
