@@ -5,7 +5,7 @@
 //! gradient for the projections instead of one per intermediate. Decoding one step at a time
 //! has kernels of its own in `ops`.
 
-use super::ops::{dot, slice, with_host_f32};
+use super::ops::{fast_exp, slice, small_gemm, with_host_f32, Strided};
 use anyhow::Result;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -72,6 +72,20 @@ struct Mha {
     probs: Mutex<Vec<f32>>,
 }
 
+/// The (T|S, d_k) block of head h in batch row b of an input: rows `rows`, `cols` wide,
+/// the block starting at column `off`.
+fn head<'a>(
+    data: &'a [f32],
+    g: &Geometry,
+    b: usize,
+    h: usize,
+    rows: usize,
+    cols: usize,
+    off: usize,
+) -> &'a [f32] {
+    &data[b * rows * cols + off + h * g.head_dim..]
+}
+
 /// Forward for batch row b: probabilities `p` (H, T, S) and context `ctx` (T, d).
 fn forward_row(
     g: &Geometry,
@@ -84,47 +98,60 @@ fn forward_row(
 ) {
     let (t, s, dk, d) = (g.t, g.s, g.head_dim, g.d());
     let scale = (dk as f32).powf(-0.5);
-    let key = |h: usize, j: usize| {
-        let at = (b * s + j) * g.kv_cols + g.k_off + h * dk;
-        &kv[at..at + dk]
-    };
-    let value = |h: usize, j: usize| {
-        let at = (b * s + j) * g.kv_cols + g.v_off + h * dk;
-        &kv[at..at + dk]
-    };
-    ctx.fill(0.0);
     for h in 0..g.heads {
-        for i in 0..t {
-            let at = (b * t + i) * g.q_cols + g.q_off + h * dk;
-            let qi = &q[at..at + dk];
-            let pr = &mut p[(h * t + i) * s..(h * t + i + 1) * s];
-            let br = bias.row(b, i, s);
+        let qh = Strided {
+            data: head(q, g, b, h, t, g.q_cols, g.q_off),
+            rs: g.q_cols,
+            cs: 1,
+        };
+        let kh = head(kv, g, b, h, s, g.kv_cols, g.k_off);
+        let vh = Strided {
+            data: head(kv, g, b, h, s, g.kv_cols, g.v_off),
+            rs: g.kv_cols,
+            cs: 1,
+        };
+        let ph = &mut p[h * t * s..(h + 1) * t * s];
+        // Scores q·kᵀ/√d_k (T, S), then the bias and a softmax per row.
+        small_gemm(
+            (t, s, dk),
+            ph,
+            s,
+            false,
+            qh,
+            Strided {
+                data: kh,
+                rs: 1,
+                cs: g.kv_cols,
+            },
+            scale,
+        );
+        for (i, row) in ph.chunks_mut(s).enumerate() {
             let mut max = f32::NEG_INFINITY;
-            for j in 0..s {
-                pr[j] = dot(qi, key(h, j)) * scale + br[j];
-                max = max.max(pr[j]);
+            for (x, bias) in row.iter_mut().zip(bias.row(b, i, s)) {
+                *x += bias;
+                max = max.max(*x);
             }
             let mut sum = 0f32;
-            for v in pr.iter_mut() {
-                *v = super::ops::fast_exp(*v - max);
-                sum += *v;
+            for x in row.iter_mut() {
+                *x = fast_exp(*x - max);
+                sum += *x;
             }
             let inv = 1.0 / sum;
-            let out = &mut ctx[i * d + h * dk..i * d + (h + 1) * dk];
-            for (j, pj) in pr.iter_mut().enumerate() {
-                *pj *= inv;
-                if *pj != 0.0 {
-                    out.iter_mut()
-                        .zip(value(h, j))
-                        .for_each(|(o, v)| *o += *pj * v);
-                }
-            }
+            row.iter_mut().for_each(|x| *x *= inv);
         }
+        let ph = Strided {
+            data: ph,
+            rs: s,
+            cs: 1,
+        };
+        small_gemm((t, dk, s), &mut ctx[h * dk..], d, false, ph, vh, 1.0);
     }
 }
 
 /// Backward for batch row b: from the context gradient `dctx` (T, d) and probabilities `p`
-/// (H, T, S), the query gradient `dq` (T, d) and key/value gradients `dk`, `dv` (S, d).
+/// (H, T, S), the gradients of batch row b of the inputs: `dq` (T, q_cols) and `dkv`
+/// (S, kv_cols), or both in `dq` for self-attention (`dkv` none), in the columns the
+/// forward pass read.
 #[allow(clippy::too_many_arguments)]
 fn backward_row(
     g: &Geometry,
@@ -134,49 +161,67 @@ fn backward_row(
     p: &[f32],
     dctx: &[f32],
     dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    mut dkv: Option<&mut [f32]>,
 ) {
     let (t, s, hd, d) = (g.t, g.s, g.head_dim, g.d());
     let scale = (hd as f32).powf(-0.5);
-    let mut ds = vec![0f32; s];
+    let mut ds = vec![0f32; t * s];
     for h in 0..g.heads {
-        let cols = h * hd..(h + 1) * hd;
-        for i in 0..t {
-            let pr = &p[(h * t + i) * s..(h * t + i + 1) * s];
-            let dc = &dctx[i * d + cols.start..i * d + cols.end];
-            let at = (b * t + i) * g.q_cols + g.q_off + h * hd;
-            let qi = &q[at..at + hd];
-            // dS = P ⊙ (dP − Σ P·dP), dP = dctx · Vᵀ; the score scale folded in.
-            let mut r = 0f32;
-            for j in 0..s {
-                ds[j] = if pr[j] == 0.0 {
-                    0.0
-                } else {
-                    let at = (b * s + j) * g.kv_cols + g.v_off + h * hd;
-                    dot(dc, &kv[at..at + hd])
-                };
-                r += pr[j] * ds[j];
-            }
-            let dqi = &mut dq[i * d + cols.start..i * d + cols.end];
-            for j in 0..s {
-                if pr[j] == 0.0 {
-                    continue;
-                }
-                let gs = pr[j] * (ds[j] - r) * scale;
-                let at = (b * s + j) * g.kv_cols + g.k_off + h * hd;
-                let kj = &kv[at..at + hd];
-                dqi.iter_mut().zip(kj).for_each(|(a, k)| *a += gs * k);
-                dk[j * d + cols.start..j * d + cols.end]
-                    .iter_mut()
-                    .zip(qi)
-                    .for_each(|(a, x)| *a += gs * x);
-                dv[j * d + cols.start..j * d + cols.end]
-                    .iter_mut()
-                    .zip(dc)
-                    .for_each(|(a, x)| *a += pr[j] * x);
-            }
+        let qh = Strided {
+            data: head(q, g, b, h, t, g.q_cols, g.q_off),
+            rs: g.q_cols,
+            cs: 1,
+        };
+        let kh = head(kv, g, b, h, s, g.kv_cols, g.k_off);
+        let vh = head(kv, g, b, h, s, g.kv_cols, g.v_off);
+        let ph = &p[h * t * s..(h + 1) * t * s];
+        let dch = Strided {
+            data: &dctx[h * hd..],
+            rs: d,
+            cs: 1,
+        };
+        // dP = dctx · vᵀ, then dS = P ⊙ (dP − Σⱼ P·dP) with the score scale folded in.
+        let vt = Strided {
+            data: vh,
+            rs: 1,
+            cs: g.kv_cols,
+        };
+        small_gemm((t, s, hd), &mut ds, s, false, dch, vt, 1.0);
+        for (dr, pr) in ds.chunks_mut(s).zip(ph.chunks(s)) {
+            let r: f32 = dr.iter().zip(pr).map(|(a, b)| a * b).sum();
+            dr.iter_mut()
+                .zip(pr)
+                .for_each(|(x, p)| *x = p * (*x - r) * scale);
         }
+        let dsh = Strided {
+            data: &ds,
+            rs: s,
+            cs: 1,
+        };
+        let dst = Strided {
+            data: &ds,
+            rs: 1,
+            cs: s,
+        };
+        let pt = Strided {
+            data: ph,
+            rs: 1,
+            cs: s,
+        };
+        let k = Strided {
+            data: kh,
+            rs: g.kv_cols,
+            cs: 1,
+        };
+        let at = g.q_off + h * hd;
+        small_gemm((t, hd, s), &mut dq[at..], g.q_cols, false, dsh, k, 1.0);
+        let dkv: &mut [f32] = match dkv.as_deref_mut() {
+            Some(c) => c,
+            None => &mut *dq,
+        };
+        let (k_at, v_at) = (g.k_off + h * hd, g.v_off + h * hd);
+        small_gemm((s, hd, t), &mut dkv[k_at..], g.kv_cols, false, dst, qh, 1.0);
+        small_gemm((s, hd, t), &mut dkv[v_at..], g.kv_cols, false, pt, dch, 1.0);
     }
 }
 
@@ -212,66 +257,39 @@ impl Mha {
         let dctx = dctx.contiguous()?;
         let (q, kv) = (q.contiguous()?, kv.map(Tensor::contiguous).transpose()?);
         let kv_t = kv.as_ref().unwrap_or(&q);
-        // Per batch row: dq (T, d), dk and dv (S, d).
-        let parts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = with_host_f32(&q, |qd| {
+        let mut dq = vec![0f32; g.batch * t * g.q_cols];
+        let mut dkv = vec![
+            0f32;
+            if kv.is_some() {
+                g.batch * s * g.kv_cols
+            } else {
+                0
+            }
+        ];
+        with_host_f32(&q, |qd| {
             with_host_f32(kv_t, |kvd| {
                 with_host_f32(&dctx, |dc| {
-                    (0..g.batch)
-                        .into_par_iter()
-                        .map(|b| {
-                            let (mut dq, mut dk, mut dv) =
-                                (vec![0f32; t * d], vec![0f32; s * d], vec![0f32; s * d]);
-                            backward_row(
-                                g,
-                                b,
-                                qd,
-                                kvd,
-                                &probs[b * g.heads * t * s..(b + 1) * g.heads * t * s],
-                                &dc[b * t * d..(b + 1) * t * d],
-                                &mut dq,
-                                &mut dk,
-                                &mut dv,
-                            );
-                            (dq, dk, dv)
-                        })
-                        .collect()
+                    let row = |b: usize, dq: &mut [f32], dkv: Option<&mut [f32]>| {
+                        let p = &probs[b * g.heads * t * s..(b + 1) * g.heads * t * s];
+                        let dc = &dc[b * t * d..(b + 1) * t * d];
+                        backward_row(g, b, qd, kvd, p, dc, dq, dkv);
+                    };
+                    let dq = dq.par_chunks_mut(t * g.q_cols).enumerate();
+                    if kv.is_some() {
+                        dq.zip(dkv.par_chunks_mut(s * g.kv_cols))
+                            .for_each(|((b, dq), dkv)| row(b, dq, Some(dkv)));
+                    } else {
+                        dq.for_each(|(b, dq)| row(b, dq, None));
+                    }
                 })
             })
         })???;
-        let scatter = |cols: usize, rows: usize, put: &[(usize, usize)]| -> Vec<f32> {
-            let mut out = vec![0f32; g.batch * rows * cols];
-            out.par_chunks_mut(rows * cols)
-                .zip(&parts)
-                .for_each(|(o, part)| {
-                    let src = [&part.0, &part.1, &part.2];
-                    for &(which, off) in put {
-                        for (r, row) in src[which].chunks(d).enumerate() {
-                            o[r * cols + off..r * cols + off + d].copy_from_slice(row);
-                        }
-                    }
-                });
-            out
-        };
         let dev = q.device();
-        Ok(match kv {
-            None => vec![Tensor::from_vec(
-                scatter(g.q_cols, t, &[(0, g.q_off), (1, g.k_off), (2, g.v_off)]),
-                (g.batch, t, g.q_cols),
-                dev,
-            )?],
-            Some(_) => vec![
-                Tensor::from_vec(
-                    scatter(g.q_cols, t, &[(0, g.q_off)]),
-                    (g.batch, t, g.q_cols),
-                    dev,
-                )?,
-                Tensor::from_vec(
-                    scatter(g.kv_cols, s, &[(1, g.k_off), (2, g.v_off)]),
-                    (g.batch, s, g.kv_cols),
-                    dev,
-                )?,
-            ],
-        })
+        let mut grads = vec![Tensor::from_vec(dq, (g.batch, t, g.q_cols), dev)?];
+        if kv.is_some() {
+            grads.push(Tensor::from_vec(dkv, (g.batch, s, g.kv_cols), dev)?);
+        }
+        Ok(grads)
     }
 }
 

@@ -829,6 +829,62 @@ struct LinearGrad {
     relu_out: Option<Tensor>,
 }
 
+/// A matrix in a slice: element (r, c) at `data[r·rs + c·cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// dst (m×n, row stride `dst_rs`) = [dst +] scale · lhs (m×k) · rhs (k×n), on the calling
+/// thread: for the many small products inside a kernel that is parallel on its own.
+pub(crate) fn small_gemm(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: Strided,
+    rhs: Strided,
+    scale: f32,
+) {
+    let last =
+        |s: &Strided, rows: usize, cols: usize| (rows.max(1) - 1) * s.rs + (cols.max(1) - 1) * s.cs;
+    assert!(
+        m == 0
+            || n == 0
+            || (last(&lhs, m, k) < lhs.data.len()
+                && last(&rhs, k, n) < rhs.data.len()
+                && (m - 1) * dst_rs + n <= dst.len()),
+        "small_gemm: operands too short for a {m}×{k}·{k}×{n} product"
+    );
+    // SAFETY: the assertion above keeps every element the product touches inside its slice,
+    // and dst, a unique borrow, cannot alias the inputs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
 /// dst (m×n) = [dst +] lhs (m×k) · rhs (k×n), strides in elements (row, column).
 #[allow(clippy::too_many_arguments)]
 fn gemm_into(
@@ -1079,7 +1135,13 @@ impl DropoutMask {
     /// out = [base +] x · mask, for the elements `start..start + x.len()` of the mask.
     #[inline(always)]
     fn apply_at(&self, start: usize, x: &[f32], base: Option<&[f32]>, out: &mut [f32]) {
-        let factor = |half: u64| if half < self.threshold { 0.0 } else { self.keep };
+        let factor = |half: u64| {
+            if half < self.threshold {
+                0.0
+            } else {
+                self.keep
+            }
+        };
         for (j, pair) in out.chunks_mut(2).enumerate() {
             let i = start + 2 * j;
             let r = self.rng.draw_at((i / 2) as u64 + 1);
@@ -1168,7 +1230,11 @@ pub fn dropout(x: &Tensor, mask: DropoutMask) -> Result<Tensor> {
 /// x + f · mask, the residual connection around a sub-layer with output `f` (CPU, f32).
 pub fn add_dropout(x: &Tensor, f: &Tensor, mask: DropoutMask) -> Result<Tensor> {
     if x.shape() != f.shape() {
-        candle_core::bail!("add_dropout: shapes {:?} and {:?} differ", x.shape(), f.shape());
+        candle_core::bail!(
+            "add_dropout: shapes {:?} and {:?} differ",
+            x.shape(),
+            f.shape()
+        );
     }
     x.contiguous()?
         .apply_op2(&f.contiguous()?, AddDropoutOp(mask))
