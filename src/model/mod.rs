@@ -418,10 +418,16 @@ fn residual(
     f: impl FnOnce(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     if pre_norm {
-        drop.add(x, &f(&ln.forward(x)?)?, p)
-    } else {
-        ln.forward(&drop.add(x, &f(x)?, p)?)
+        return drop.add(x, &f(&ln.forward(x)?)?, p);
     }
+    let y = f(x)?;
+    if ops::fused(&y) && x.device().is_cpu() && x.dtype() == y.dtype() {
+        let mask = drop.mask(y.elem_count(), p);
+        return Ok(ops::residual_norm(
+            x, &y, &ln.weight, &ln.bias, LN_EPS, mask,
+        )?);
+    }
+    ln.forward(&drop.add(x, &y, p)?)
 }
 
 struct EncoderLayer {

@@ -101,19 +101,7 @@ impl CustomOp3 for LayerNormOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
-        let d = w.len();
-        let mut y = vec![0f32; x.len()];
-        let rows = rows_per_task(d);
-        y.par_chunks_mut(d * rows)
-            .zip(x.par_chunks(d * rows))
-            .for_each(|(yc, xc)| {
-                for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
-                    let (mean, rstd) = row_stats(xr, self.eps);
-                    for i in 0..d {
-                        yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
-                    }
-                }
-            });
+        let y = layer_norm_rows(x, w, b, self.eps);
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -159,45 +147,163 @@ impl CustomOp3 for LayerNormGrad {
         let n = x.len() / d;
         let mut out = vec![0f32; (n + 2) * d];
         let (dx, rest) = out.split_at_mut(n * d);
-        let rows = rows_per_task(d);
-        let (dw, db) = dx
-            .par_chunks_mut(d * rows)
-            .zip(x.par_chunks(d * rows).zip(dy.par_chunks(d * rows)))
-            .map(|(dxc, (xc, dyc))| {
-                let mut dw = vec![0f32; d];
-                let mut db = vec![0f32; d];
-                let mut xhat = vec![0f32; d];
-                for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
-                    let (mean, rstd) = row_stats(xr, self.eps);
-                    let (mut s1, mut s2) = (0f32, 0f32);
-                    for i in 0..d {
-                        xhat[i] = (xr[i] - mean) * rstd;
-                        let g = dyr[i] * w[i];
-                        s1 += g;
-                        s2 += g * xhat[i];
-                        dw[i] += dyr[i] * xhat[i];
-                        db[i] += dyr[i];
-                    }
-                    let (m1, m2) = (s1 / d as f32, s2 / d as f32);
-                    for i in 0..d {
-                        dxr[i] = rstd * (dyr[i] * w[i] - m1 - xhat[i] * m2);
-                    }
-                }
-                (dw, db)
-            })
-            // Partials summed in chunk order, not in the shape of whichever split tree the
-            // scheduler made: the same inputs give the same gradients on every run.
-            .collect::<Vec<_>>()
-            .into_iter()
-            .fold((vec![0f32; d], vec![0f32; d]), |(mut a, mut b), (c, e)| {
-                a.iter_mut().zip(c).for_each(|(p, q)| *p += q);
-                b.iter_mut().zip(e).for_each(|(p, q)| *p += q);
-                (a, b)
-            });
+        let (dw, db) = layer_norm_backward_rows(x, w, dy, self.eps, dx);
         rest[..d].copy_from_slice(&dw);
         rest[d..].copy_from_slice(&db);
         Ok((CpuStorage::F32(out), Shape::from((n + 2, d))))
     }
+}
+
+/// LayerNorm of each `w.len()`-wide row of `x`, in parallel.
+fn layer_norm_rows(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
+    let d = w.len();
+    let mut y = vec![0f32; x.len()];
+    let rows = rows_per_task(d);
+    y.par_chunks_mut(d * rows)
+        .zip(x.par_chunks(d * rows))
+        .for_each(|(yc, xc)| {
+            for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
+                let (mean, rstd) = row_stats(xr, eps);
+                for i in 0..d {
+                    yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
+                }
+            }
+        });
+    y
+}
+
+/// LayerNorm's backward for inputs `x` and output gradient `dy`: dx into `dx`, and (dw, db).
+fn layer_norm_backward_rows(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    eps: f32,
+    dx: &mut [f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let d = w.len();
+    let rows = rows_per_task(d);
+    dx.par_chunks_mut(d * rows)
+        .zip(x.par_chunks(d * rows).zip(dy.par_chunks(d * rows)))
+        .map(|(dxc, (xc, dyc))| {
+            let mut dw = vec![0f32; d];
+            let mut db = vec![0f32; d];
+            let mut xhat = vec![0f32; d];
+            for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
+                let (mean, rstd) = row_stats(xr, eps);
+                let (mut s1, mut s2) = (0f32, 0f32);
+                for i in 0..d {
+                    xhat[i] = (xr[i] - mean) * rstd;
+                    let g = dyr[i] * w[i];
+                    s1 += g;
+                    s2 += g * xhat[i];
+                    dw[i] += dyr[i] * xhat[i];
+                    db[i] += dyr[i];
+                }
+                let (m1, m2) = (s1 / d as f32, s2 / d as f32);
+                for i in 0..d {
+                    dxr[i] = rstd * (dyr[i] * w[i] - m1 - xhat[i] * m2);
+                }
+            }
+            (dw, db)
+        })
+        // Partials summed in chunk order, not in the shape of whichever split tree the
+        // scheduler made: the same inputs give the same gradients on every run.
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold((vec![0f32; d], vec![0f32; d]), |(mut a, mut b), (c, e)| {
+            a.iter_mut().zip(c).for_each(|(p, q)| *p += q);
+            b.iter_mut().zip(e).for_each(|(p, q)| *p += q);
+            (a, b)
+        })
+}
+
+/// LayerNorm(x + f · mask) in one op (the post-norm residual block): `wb` holds the norm's
+/// weight then its bias. The sum is kept for the backward pass.
+struct ResidualNorm {
+    mask: Option<DropoutMask>,
+    eps: f32,
+    sum: std::sync::Mutex<Vec<f32>>,
+}
+
+impl CustomOp3 for ResidualNorm {
+    fn name(&self) -> &'static str {
+        "nmt-residual-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, f, wb) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let d = wb.len() / 2;
+        let sum = match &self.mask {
+            Some(m) => m.apply(f, Some(x)),
+            None => x.par_iter().zip(f).map(|(a, b)| a + b).collect(),
+        };
+        let y = layer_norm_rows(&sum, &wb[..d], &wb[d..], self.eps);
+        *self.sum.lock().unwrap_or_else(|e| e.into_inner()) = sum;
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        _f: &Tensor,
+        wb: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let sum = self.sum.lock().unwrap_or_else(|e| e.into_inner());
+        let dy = dy.contiguous()?;
+        let d = wb.elem_count() / 2;
+        let mut dsum = vec![0f32; sum.len()];
+        let (dw, db) = with_host_f32(wb, |wb| {
+            with_host_f32(&dy, |dy| {
+                layer_norm_backward_rows(&sum, &wb[..d], dy, self.eps, &mut dsum)
+            })
+        })??;
+        let df = match &self.mask {
+            Some(m) => m.apply(&dsum, None),
+            None => dsum.clone(),
+        };
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dsum, x.shape(), dev)?),
+            Some(Tensor::from_vec(df, x.shape(), dev)?),
+            Some(Tensor::from_vec([dw, db].concat(), 2 * d, dev)?),
+        ))
+    }
+}
+
+/// LayerNorm(x + f · mask) (mask: dropout, or none), a post-norm residual block, as one op
+/// (CPU, f32).
+pub fn residual_norm(
+    x: &Tensor,
+    f: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+    mask: Option<DropoutMask>,
+) -> Result<Tensor> {
+    if x.shape() != f.shape() {
+        candle_core::bail!(
+            "residual_norm: shapes {:?} and {:?} differ",
+            x.shape(),
+            f.shape()
+        );
+    }
+    let op = ResidualNorm {
+        mask,
+        eps: eps as f32,
+        sum: std::sync::Mutex::new(Vec::new()),
+    };
+    x.contiguous()?
+        .apply_op3(&f.contiguous()?, &Tensor::cat(&[w, b], 0)?, op)
 }
 
 /// LayerNorm over the last dimension: (x − mean) / √(var + eps) · w + b.
@@ -1579,6 +1685,73 @@ mod tests {
             &[x, w, b],
             &randn(&[3, 5, 8], 4),
         );
+    }
+
+    /// A dropout mask with p = 0.3 and its values for `n` elements.
+    fn test_mask(n: usize) -> (DropoutMask, Tensor) {
+        let mask = DropoutMask {
+            rng: Rng::new(5),
+            threshold: (0.3 * (1u64 << 32) as f64) as u64,
+            keep: 1.0 / 0.7,
+        };
+        let values = Tensor::from_vec(mask.values(n), n, &Device::Cpu).unwrap();
+        (mask, values)
+    }
+
+    #[test]
+    fn dropout_masks_follow_the_sequential_stream() {
+        // Element 2j uses the low half of draw j + 1, element 2j + 1 its high half; an odd
+        // length and more than one parallel block.
+        let n = 2 * DropoutMask::CHUNK + 7;
+        let (mask, values) = test_mask(n);
+        let values = values.to_vec1::<f32>().unwrap();
+        let mut rng = mask.rng;
+        for j in 0..n.div_ceil(2) {
+            let r = rng.next_u64();
+            for (k, half) in [r & 0xffff_ffff, r >> 32].into_iter().enumerate() {
+                if let Some(&v) = values.get(2 * j + k) {
+                    assert_eq!(v, if half < mask.threshold { 0.0 } else { mask.keep });
+                }
+            }
+        }
+        let kept = values.iter().filter(|&&v| v > 0.0).count() as f64 / n as f64;
+        assert!((kept - 0.7).abs() < 0.01, "kept {kept}");
+    }
+
+    #[test]
+    fn residual_dropout_and_norm_match_the_composite() {
+        let shape = [3, 5, 8];
+        let (mask, values) = test_mask(120);
+        let values = values.reshape(&shape[..]).unwrap();
+        let masked = |f: &Tensor| (f * values.to_dtype(f.dtype()).unwrap()).unwrap();
+        let (x, f, w, b) = (
+            randn(&shape, 21),
+            randn(&shape, 22),
+            randn(&[8], 23),
+            randn(&[8], 24),
+        );
+        let weights = randn(&shape, 25);
+        check(
+            |t| match t[0].dtype() {
+                DType::F32 => add_dropout(&t[0], &t[1], mask).unwrap(),
+                _ => (&t[0] + masked(&t[1])).unwrap(),
+            },
+            &[x.clone(), f.clone()],
+            &weights,
+        );
+        for m in [None, Some(mask)] {
+            check(
+                |t| match t[0].dtype() {
+                    DType::F32 => residual_norm(&t[0], &t[1], &t[2], &t[3], 1e-5, m).unwrap(),
+                    _ => {
+                        let f = if m.is_some() { masked(&t[1]) } else { t[1].clone() };
+                        layer_norm(&(&t[0] + f).unwrap(), &t[2], &t[3], 1e-5).unwrap()
+                    }
+                },
+                &[x.clone(), f.clone(), w.clone(), b.clone()],
+                &weights,
+            );
+        }
     }
 
     #[test]
