@@ -805,13 +805,15 @@ impl CustomOp3 for ProjectedCrossEntropy {
         } else {
             (Vec::new(), Vec::new())
         };
-        let mut buf = vec![0f32; LOGIT_ROWS.min(n) * v];
+        let mut buf = repeat_rows(b, LOGIT_ROWS.min(n));
         let mut stats = vec![[0f32; 2]; n];
         for c0 in (0..n).step_by(LOGIT_ROWS) {
             let rows = LOGIT_ROWS.min(n - c0);
             let hc = &h[c0 * d..(c0 + rows) * d];
             let lg = &mut buf[..rows * v];
-            lg.chunks_mut(v).for_each(|r| r.copy_from_slice(b));
+            if c0 > 0 {
+                lg.par_chunks_mut(v).for_each(|r| r.copy_from_slice(b));
+            }
             gemm_into(rows, v, d, lg, true, hc, d, 1, w, 1, d);
             lg.par_chunks_mut(v)
                 .zip(stats[c0..c0 + rows].par_iter_mut())
@@ -991,6 +993,19 @@ pub(crate) fn small_gemm(
     }
 }
 
+/// `rows` copies of `row` one after another (a bias for each row of a product), written in
+/// parallel and never zero-filled first.
+fn repeat_rows(row: &[f32], rows: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * row.len());
+    out.par_extend(
+        (0..rows * row.len())
+            .into_par_iter()
+            .with_min_len(16_384)
+            .map(|i| row[i % row.len()]),
+    );
+    out
+}
+
 /// dst (m×n) = [dst +] lhs (m×k) · rhs (k×n), strides in elements (row, column).
 #[allow(clippy::too_many_arguments)]
 fn gemm_into(
@@ -1104,10 +1119,7 @@ impl CustomOp3 for LinearOp {
         let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let (n_in, n_out) = (l2.dims()[1], l2.dims()[0]);
         let rows = x.len() / n_in;
-        let mut y: Vec<f32> = Vec::with_capacity(rows * n_out);
-        for _ in 0..rows {
-            y.extend_from_slice(b);
-        }
+        let mut y = repeat_rows(b, rows);
         if rows <= SKINNY_ROWS {
             skinny_into(rows, n_out, n_in, &mut y, x, w);
         } else {
