@@ -10,5 +10,6 @@ pub mod hub;
 pub mod io;
 pub mod model;
 pub mod rng;
+pub mod runtime;
 pub mod train;
 pub mod translate;

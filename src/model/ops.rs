@@ -1722,7 +1722,14 @@ mod tests {
             let r = rng.next_u64();
             for (k, half) in [r & 0xffff_ffff, r >> 32].into_iter().enumerate() {
                 if let Some(&v) = values.get(2 * j + k) {
-                    assert_eq!(v, if half < mask.threshold { 0.0 } else { mask.keep });
+                    assert_eq!(
+                        v,
+                        if half < mask.threshold {
+                            0.0
+                        } else {
+                            mask.keep
+                        }
+                    );
                 }
             }
         }
@@ -1756,7 +1763,11 @@ mod tests {
                 |t| match t[0].dtype() {
                     DType::F32 => residual_norm(&t[0], &t[1], &t[2], &t[3], 1e-5, m).unwrap(),
                     _ => {
-                        let f = if m.is_some() { masked(&t[1]) } else { t[1].clone() };
+                        let f = if m.is_some() {
+                            masked(&t[1])
+                        } else {
+                            t[1].clone()
+                        };
                         layer_norm(&(&t[0] + f).unwrap(), &t[2], &t[3], 1e-5).unwrap()
                     }
                 },

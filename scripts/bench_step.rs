@@ -1,0 +1,83 @@
+//! One training step of the yardstick model (vocab 8000, d_model 256, 3+3 layers, 4 heads, FFN
+//! 1024) on a fixed synthetic batch: 72 sentence pairs, sources of 21–26 and targets of 23–27
+//! positions, 1,803 target tokens, dropout on. Prints the fastest forward and backward pass over
+//! the steps (default 12): on a shared machine the minimum is the figure least disturbed by
+//! other load. Used through `scripts/bench-step.sh`, to compare builds of nmt with each other.
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use nmt::model::{weights::Weights, Dropout, ModelConfig, Seq2Seq};
+use nmt::rng::Rng;
+use nmt::runtime::{keep_freed_memory, on_worker, one_candle_pool_thread};
+use std::time::Instant;
+
+fn main() -> Result<()> {
+    keep_freed_memory();
+    one_candle_pool_thread();
+    let steps = match std::env::args().nth(1) {
+        Some(s) => s.parse()?,
+        None => 12,
+    };
+    on_worker(|| run(steps))
+}
+
+fn run(steps: usize) -> Result<()> {
+    let dev = Device::Cpu;
+    let cfg = ModelConfig::new(8000, 0, 1, 256, 3, 4, 1024);
+    let model = Seq2Seq::new(&cfg, &Weights::init(1, &dev, DType::F32))?;
+    let (batch, s, t) = (72usize, 26usize, 27usize);
+    let mut rng = Rng::new(5);
+    let mut token = || 2 + rng.below(7990) as u32;
+    let (mut src, mut tgt_in) = (vec![0u32; batch * s], vec![0u32; batch * t]);
+    let (mut lengths, mut labels, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..batch {
+        let (ls, lt) = (s - i % 6, t - i % 5);
+        for j in 0..ls {
+            src[i * s + j] = token();
+        }
+        for j in 0..lt {
+            if j > 0 {
+                tgt_in[i * t + j] = token();
+            }
+            labels.push(token());
+            positions.push((i * t + j) as u32);
+        }
+        lengths.push(lt);
+    }
+    let src = Tensor::from_vec(src, (batch, s), &dev)?;
+    let tgt_in = Tensor::from_vec(tgt_in, (batch, t), &dev)?;
+    let (labels, positions) = (Tensor::new(labels, &dev)?, Tensor::new(positions, &dev)?);
+    let tokens = labels.dim(0)?;
+    let (mut forward, mut backward) = (f64::MAX, f64::MAX);
+    for step in 0..steps {
+        let dropout = Dropout::on(step as u64);
+        let t0 = Instant::now();
+        let src_bias = model.padding_bias(&src)?;
+        let memory = model.encode(&src, &src_bias, &dropout)?;
+        let tgt_bias = model
+            .causal_bias(t)?
+            .broadcast_add(&model.length_bias(&lengths, t)?)?;
+        let h = model.decode(&tgt_in, &tgt_bias, &memory, &src_bias, &dropout)?;
+        let rows = h.reshape((batch * t, ()))?.index_select(&positions, 0)?;
+        let (w, b) = model.output_projection();
+        let (loss, _) = nmt::train::loss::label_smoothed_nll(w, b, &rows, &labels, 0.1, true)?;
+        loss.to_scalar::<f32>()?;
+        forward = forward.min(t0.elapsed().as_secs_f64());
+        let t1 = Instant::now();
+        let grads = loss.backward()?;
+        backward = backward.min(t1.elapsed().as_secs_f64());
+        // Freed before the next step starts, as in the trainer.
+        drop(grads);
+    }
+    let total = forward + backward;
+    // 6 FLOPs per parameter per target token, as bench-train.sh counts them.
+    let gflops = 6.0 * 7.7e6 * tokens as f64 / total / 1e9;
+    println!(
+        "{tokens} target tokens: forward {:.1} ms, backward {:.1} ms, total {:.1} ms, {:.0} tok/s, {gflops:.0} GFLOP/s",
+        forward * 1e3,
+        backward * 1e3,
+        total * 1e3,
+        tokens as f64 / total,
+    );
+    Ok(())
+}
