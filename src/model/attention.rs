@@ -5,7 +5,7 @@
 //! gradient for the projections instead of one per intermediate. Decoding one step at a time
 //! has kernels of its own in `ops`.
 
-use super::ops::{fast_exp, slice, small_gemm, with_host_f32, Strided};
+use super::ops::{fast_exp, gemm_serial, slice, with_host_f32, Strided};
 use anyhow::Result;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -112,7 +112,7 @@ fn forward_row(
         };
         let ph = &mut p[h * t * s..(h + 1) * t * s];
         // Scores q·kᵀ/√d_k (T, S), then the bias and a softmax per row.
-        small_gemm(
+        gemm_serial(
             (t, s, dk),
             ph,
             s,
@@ -144,7 +144,7 @@ fn forward_row(
             rs: s,
             cs: 1,
         };
-        small_gemm((t, dk, s), &mut ctx[h * dk..], d, false, ph, vh, 1.0);
+        gemm_serial((t, dk, s), &mut ctx[h * dk..], d, false, ph, vh, 1.0);
     }
 }
 
@@ -186,7 +186,7 @@ fn backward_row(
             rs: 1,
             cs: g.kv_cols,
         };
-        small_gemm((t, s, hd), &mut ds, s, false, dch, vt, 1.0);
+        gemm_serial((t, s, hd), &mut ds, s, false, dch, vt, 1.0);
         for (dr, pr) in ds.chunks_mut(s).zip(ph.chunks(s)) {
             let r: f32 = dr.iter().zip(pr).map(|(a, b)| a * b).sum();
             dr.iter_mut()
@@ -214,14 +214,14 @@ fn backward_row(
             cs: 1,
         };
         let at = g.q_off + h * hd;
-        small_gemm((t, hd, s), &mut dq[at..], g.q_cols, false, dsh, k, 1.0);
+        gemm_serial((t, hd, s), &mut dq[at..], g.q_cols, false, dsh, k, 1.0);
         let dkv: &mut [f32] = match dkv.as_deref_mut() {
             Some(c) => c,
             None => &mut *dq,
         };
         let (k_at, v_at) = (g.k_off + h * hd, g.v_off + h * hd);
-        small_gemm((s, hd, t), &mut dkv[k_at..], g.kv_cols, false, dst, qh, 1.0);
-        small_gemm((s, hd, t), &mut dkv[v_at..], g.kv_cols, false, pt, dch, 1.0);
+        gemm_serial((s, hd, t), &mut dkv[k_at..], g.kv_cols, false, dst, qh, 1.0);
+        gemm_serial((s, hd, t), &mut dkv[v_at..], g.kv_cols, false, pt, dch, 1.0);
     }
 }
 

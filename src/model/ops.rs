@@ -946,8 +946,9 @@ pub(crate) struct Strided<'a> {
 }
 
 /// dst (m×n, row stride `dst_rs`) = [dst +] scale · lhs (m×k) · rhs (k×n), on the calling
-/// thread: for the many small products inside a kernel that is parallel on its own.
-pub(crate) fn small_gemm(
+/// thread: for the many small products inside a kernel that is parallel on its own, and for
+/// pairs of independent products run side by side (`rayon::join`).
+pub(crate) fn gemm_serial(
     (m, n, k): (usize, usize, usize),
     dst: &mut [f32],
     dst_rs: usize,
@@ -964,7 +965,7 @@ pub(crate) fn small_gemm(
             || (last(&lhs, m, k) < lhs.data.len()
                 && last(&rhs, k, n) < rhs.data.len()
                 && (m - 1) * dst_rs + n <= dst.len()),
-        "small_gemm: operands too short for a {m}×{k}·{k}×{n} product"
+        "gemm_serial: operands too short for a {m}×{k}·{k}×{n} product"
     );
     // SAFETY: the assertion above keeps every element the product touches inside its slice,
     // and dst, a unique borrow, cannot alias the inputs.
@@ -1208,8 +1209,36 @@ impl CustomOp3 for LinearGrad {
         for p in partial {
             db.iter_mut().zip(p).for_each(|(a, b)| *a += b);
         }
-        gemm_into(rows, n_in, n_out, dx, false, g, n_out, 1, w, n_in, 1);
-        gemm_into(n_out, n_in, rows, dw, false, g, 1, n_out, x, n_in, 1);
+        // dx = g·W and dW = gᵀ·x take the same FLOPs: one per thread, side by side, rather
+        // than each split across the threads in turn.
+        let (gr, gt) = (
+            Strided {
+                data: g,
+                rs: n_out,
+                cs: 1,
+            },
+            Strided {
+                data: g,
+                rs: 1,
+                cs: n_out,
+            },
+        );
+        let (wr, xr) = (
+            Strided {
+                data: w,
+                rs: n_in,
+                cs: 1,
+            },
+            Strided {
+                data: x,
+                rs: n_in,
+                cs: 1,
+            },
+        );
+        rayon::join(
+            || gemm_serial((rows, n_in, n_out), dx, n_in, false, gr, wr, 1.0),
+            || gemm_serial((n_out, n_in, rows), dw, n_in, false, gt, xr, 1.0),
+        );
         Ok((
             CpuStorage::F32(out),
             Shape::from(rows * n_in + n_out * n_in + n_out),
