@@ -994,16 +994,14 @@ pub(crate) fn gemm_serial(
     }
 }
 
-/// `rows` copies of `row` one after another (a bias for each row of a product), written in
-/// parallel and never zero-filled first.
+/// `rows` copies of `row` one after another (a bias for each row of a product), copied in
+/// parallel.
 fn repeat_rows(row: &[f32], rows: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows * row.len());
-    out.par_extend(
-        (0..rows * row.len())
-            .into_par_iter()
-            .with_min_len(16_384)
-            .map(|i| row[i % row.len()]),
-    );
+    let mut out = vec![0f32; rows * row.len()];
+    if !row.is_empty() {
+        out.par_chunks_mut(rows_per_task(row.len()) * row.len())
+            .for_each(|c| c.chunks_mut(row.len()).for_each(|r| r.copy_from_slice(row)));
+    }
     out
 }
 
