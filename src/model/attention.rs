@@ -99,17 +99,9 @@ fn forward_row(
     let (t, s, dk, d) = (g.t, g.s, g.head_dim, g.d());
     let scale = (dk as f32).powf(-0.5);
     for h in 0..g.heads {
-        let qh = Strided {
-            data: head(q, g, b, h, t, g.q_cols, g.q_off),
-            rs: g.q_cols,
-            cs: 1,
-        };
+        let qh = Strided::rows(head(q, g, b, h, t, g.q_cols, g.q_off), g.q_cols);
         let kh = head(kv, g, b, h, s, g.kv_cols, g.k_off);
-        let vh = Strided {
-            data: head(kv, g, b, h, s, g.kv_cols, g.v_off),
-            rs: g.kv_cols,
-            cs: 1,
-        };
+        let vh = Strided::rows(head(kv, g, b, h, s, g.kv_cols, g.v_off), g.kv_cols);
         let ph = &mut p[h * t * s..(h + 1) * t * s];
         // Scores q·kᵀ/√d_k (T, S), then the bias and a softmax per row.
         gemm_serial(
@@ -118,11 +110,7 @@ fn forward_row(
             s,
             false,
             qh,
-            Strided {
-                data: kh,
-                rs: 1,
-                cs: g.kv_cols,
-            },
+            Strided::transposed(kh, g.kv_cols),
             scale,
         );
         for (i, row) in ph.chunks_mut(s).enumerate() {
@@ -139,11 +127,7 @@ fn forward_row(
             let inv = 1.0 / sum;
             row.iter_mut().for_each(|x| *x *= inv);
         }
-        let ph = Strided {
-            data: ph,
-            rs: s,
-            cs: 1,
-        };
+        let ph = Strided::rows(ph, s);
         gemm_serial((t, dk, s), &mut ctx[h * dk..], d, false, ph, vh, 1.0);
     }
 }
@@ -167,25 +151,13 @@ fn backward_row(
     let scale = (hd as f32).powf(-0.5);
     let mut ds = vec![0f32; t * s];
     for h in 0..g.heads {
-        let qh = Strided {
-            data: head(q, g, b, h, t, g.q_cols, g.q_off),
-            rs: g.q_cols,
-            cs: 1,
-        };
+        let qh = Strided::rows(head(q, g, b, h, t, g.q_cols, g.q_off), g.q_cols);
         let kh = head(kv, g, b, h, s, g.kv_cols, g.k_off);
         let vh = head(kv, g, b, h, s, g.kv_cols, g.v_off);
         let ph = &p[h * t * s..(h + 1) * t * s];
-        let dch = Strided {
-            data: &dctx[h * hd..],
-            rs: d,
-            cs: 1,
-        };
+        let dch = Strided::rows(&dctx[h * hd..], d);
         // dP = dctx · vᵀ, then dS = P ⊙ (dP − Σⱼ P·dP) with the score scale folded in.
-        let vt = Strided {
-            data: vh,
-            rs: 1,
-            cs: g.kv_cols,
-        };
+        let vt = Strided::transposed(vh, g.kv_cols);
         gemm_serial((t, s, hd), &mut ds, s, false, dch, vt, 1.0);
         for (dr, pr) in ds.chunks_mut(s).zip(ph.chunks(s)) {
             let r: f32 = dr.iter().zip(pr).map(|(a, b)| a * b).sum();
@@ -193,26 +165,10 @@ fn backward_row(
                 .zip(pr)
                 .for_each(|(x, p)| *x = p * (*x - r) * scale);
         }
-        let dsh = Strided {
-            data: &ds,
-            rs: s,
-            cs: 1,
-        };
-        let dst = Strided {
-            data: &ds,
-            rs: 1,
-            cs: s,
-        };
-        let pt = Strided {
-            data: ph,
-            rs: 1,
-            cs: s,
-        };
-        let k = Strided {
-            data: kh,
-            rs: g.kv_cols,
-            cs: 1,
-        };
+        let dsh = Strided::rows(&ds, s);
+        let dst = Strided::transposed(&ds, s);
+        let pt = Strided::transposed(ph, s);
+        let k = Strided::rows(kh, g.kv_cols);
         let at = g.q_off + h * hd;
         gemm_serial((t, hd, s), &mut dq[at..], g.q_cols, false, dsh, k, 1.0);
         let dkv: &mut [f32] = match dkv.as_deref_mut() {
@@ -403,6 +359,7 @@ pub fn cross_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ops::tests::max_diff;
     use candle_core::{Device, Var, D};
 
     /// The same attention from Candle's primitives: (B, T, d) inputs.
@@ -428,14 +385,7 @@ mod tests {
     }
 
     fn close(a: &Tensor, b: &Tensor) {
-        let diff = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = max_diff(a, b);
         assert!(diff < 1e-4, "max difference {diff}");
     }
 

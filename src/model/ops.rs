@@ -945,6 +945,26 @@ pub(crate) struct Strided<'a> {
     pub cs: usize,
 }
 
+impl<'a> Strided<'a> {
+    /// Row-major, rows `stride` elements apart.
+    pub fn rows(data: &'a [f32], stride: usize) -> Self {
+        Self {
+            data,
+            rs: stride,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix whose rows are `stride` elements apart.
+    pub fn transposed(data: &'a [f32], stride: usize) -> Self {
+        Self {
+            data,
+            rs: 1,
+            cs: stride,
+        }
+    }
+}
+
 /// dst (m×n, row stride `dst_rs`) = [dst +] scale · lhs (m×k) · rhs (k×n), on the calling
 /// thread: for the many small products inside a kernel that is parallel on its own, and for
 /// pairs of independent products run side by side (`rayon::join`).
@@ -1209,30 +1229,8 @@ impl CustomOp3 for LinearGrad {
         }
         // dx = g·W and dW = gᵀ·x take the same FLOPs: one per thread, side by side, rather
         // than each split across the threads in turn.
-        let (gr, gt) = (
-            Strided {
-                data: g,
-                rs: n_out,
-                cs: 1,
-            },
-            Strided {
-                data: g,
-                rs: 1,
-                cs: n_out,
-            },
-        );
-        let (wr, xr) = (
-            Strided {
-                data: w,
-                rs: n_in,
-                cs: 1,
-            },
-            Strided {
-                data: x,
-                rs: n_in,
-                cs: 1,
-            },
-        );
+        let (gr, gt) = (Strided::rows(g, n_out), Strided::transposed(g, n_out));
+        let (wr, xr) = (Strided::rows(w, n_in), Strided::rows(x, n_in));
         rayon::join(
             || gemm_serial((rows, n_in, n_out), dx, n_in, false, gr, wr, 1.0),
             || gemm_serial((n_out, n_in, rows), dw, n_in, false, gt, xr, 1.0),
@@ -1601,7 +1599,7 @@ pub fn attend_steps(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use candle_core::{Device, Var};
 
@@ -1614,7 +1612,8 @@ mod tests {
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    /// The largest absolute difference between two tensors of one shape.
+    pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b)
             .unwrap()
             .abs()

@@ -224,6 +224,7 @@ impl CustomOp1 for PackedOp<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ops::tests::max_diff;
     use candle_core::Device;
 
     #[test]
@@ -252,14 +253,7 @@ mod tests {
                     want = want.relu().unwrap();
                 }
                 let got = p.forward(&x, relu).unwrap();
-                let diff = (got - &want)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap();
+                let diff = max_diff(&got, &want);
                 assert!(diff < 1e-4, "{rows}×{k}·{k}×{n_out} relu {relu}: {diff}");
             }
         }
