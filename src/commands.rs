@@ -311,6 +311,16 @@ fn cuda_libraries() -> Result<()> {
     }
 }
 
+/// A new CUDA device without cudarc's per-launch event bookkeeping (see
+/// [`crate::model::cuda::single_stream`]).
+fn single_stream(device: Device) -> Device {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = &device {
+        crate::model::cuda::single_stream(d);
+    }
+    device
+}
+
 /// The device and dtype a user asked for.
 pub fn select_device(device: DeviceArg, dtype: DtypeArg) -> Result<(Device, DType)> {
     let device = match device {
@@ -320,10 +330,10 @@ pub fn select_device(device: DeviceArg, dtype: DtypeArg) -> Result<(Device, DTyp
                 bail!("--device cuda: this nmt was built without CUDA (rebuild with --features cuda, see scripts/build-cuda.sh)");
             }
             cuda_libraries().context("--device cuda")?;
-            Device::new_cuda(0).context("--device cuda: no usable CUDA GPU")?
+            single_stream(Device::new_cuda(0).context("--device cuda: no usable CUDA GPU")?)
         }
         DeviceArg::Auto if candle_core::utils::cuda_is_available() => match cuda_libraries() {
-            Ok(()) => Device::new_cuda(0).unwrap_or(Device::Cpu),
+            Ok(()) => Device::new_cuda(0).map_or(Device::Cpu, single_stream),
             Err(e) => {
                 eprintln!("note: --device auto: using the CPU ({e})");
                 Device::Cpu

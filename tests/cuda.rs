@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use nmt::cli::{DeviceArg, DtypeArg};
 use nmt::commands::select_device;
 use nmt::model::weights::Weights;
-use nmt::model::{ModelConfig, Seq2Seq};
+use nmt::model::{Dropout, ModelConfig, Seq2Seq};
 
 mod common;
 use common::{fixture, max_abs, max_rel_diff};
@@ -113,12 +113,24 @@ fn incremental_decoding_on_the_gpu_equals_its_full_forward_pass() {
     }
 }
 
-/// One training loss (label-smoothed cross-entropy, no dropout) and its gradient for every
-/// parameter, on `device`, from weights initialised with a fixed seed.
-fn loss_and_grads(cfg: &ModelConfig, device: &Device) -> (f32, Vec<(String, Tensor)>) {
+/// One training loss (label-smoothed cross-entropy) and its gradient for every parameter, on
+/// `device`, from weights initialised with a fixed seed; with `dropout`, at rate 0.1 on every
+/// site (residual, attention probabilities, FFN activations) from a fixed mask seed.
+fn loss_and_grads(
+    cfg: &ModelConfig,
+    device: &Device,
+    dropout: bool,
+) -> (f32, Vec<(String, Tensor)>) {
+    let mut cfg = cfg.clone();
+    let drop = if dropout {
+        (cfg.dropout, cfg.attention_dropout, cfg.activation_dropout) = (0.1, 0.1, 0.1);
+        Dropout::on(11)
+    } else {
+        Dropout::off()
+    };
     let w = Weights::init(7, device, DType::F32);
-    let m = Seq2Seq::new(cfg, &w).unwrap();
-    let (src, tgt_in) = batch(cfg);
+    let m = Seq2Seq::new(&cfg, &w).unwrap();
+    let (src, tgt_in) = batch(&cfg);
     let s = Tensor::from_slice(&src, (3, 9), device).unwrap();
     let t = Tensor::from_slice(&tgt_in, (3, 7), device).unwrap();
     // Labels: the next input token; the last position of each row predicts </s> (id 0).
@@ -127,7 +139,15 @@ fn loss_and_grads(cfg: &ModelConfig, device: &Device) -> (f32, Vec<(String, Tens
         .flat_map(|row| row[1..].iter().copied().chain([0]).collect::<Vec<_>>())
         .collect();
     let labels = Tensor::from_vec(labels, 21, device).unwrap();
-    let logits = m.forward(&s, &t).unwrap().flatten(0, 1).unwrap();
+    let src_bias = m.padding_bias(&s).unwrap();
+    let memory = m.encode(&s, &src_bias, &drop).unwrap();
+    let tgt_bias = m
+        .causal_bias(7)
+        .unwrap()
+        .broadcast_add(&m.length_bias(&[7, 3, 7], 7).unwrap())
+        .unwrap();
+    let h = m.decode(&t, &tgt_bias, &memory, &src_bias, &drop).unwrap();
+    let logits = m.logits(&h.flatten(0, 1).unwrap()).unwrap();
     let per_row = nmt::model::ops::smoothed_cross_entropy(&logits, &labels, 0.1).unwrap();
     let loss = per_row.narrow(1, 0, 1).unwrap().sum_all().unwrap();
     let store = loss.backward().unwrap();
@@ -144,13 +164,13 @@ fn loss_and_grads(cfg: &ModelConfig, device: &Device) -> (f32, Vec<(String, Tens
     (loss.to_scalar::<f32>().unwrap(), grads)
 }
 
-#[test]
-fn gpu_training_gradients_equal_cpu_gradients() {
+/// Loss and gradients on the GPU against the CPU's.
+fn gradients_agree(dropout: bool) {
     let Some(gpu) = gpu() else { return };
     let cfg = ModelConfig::load(&fixture("nmt-toy").join("config.json")).unwrap();
-    let (cpu_loss, cpu_grads) = loss_and_grads(&cfg, &Device::Cpu);
-    let (gpu_loss, gpu_grads) = loss_and_grads(&cfg, &gpu);
-    eprintln!("loss: CPU {cpu_loss}, GPU {gpu_loss}");
+    let (cpu_loss, cpu_grads) = loss_and_grads(&cfg, &Device::Cpu, dropout);
+    let (gpu_loss, gpu_grads) = loss_and_grads(&cfg, &gpu, dropout);
+    eprintln!("dropout {dropout}: loss: CPU {cpu_loss}, GPU {gpu_loss}");
     assert!(((cpu_loss - gpu_loss) / cpu_loss).abs() < 1e-5);
     assert_eq!(cpu_grads.len(), gpu_grads.len());
     // Differences relative to the largest gradient entry of the model: some gradients are zero
@@ -168,8 +188,79 @@ fn gpu_training_gradients_equal_cpu_gradients() {
         }
     }
     eprintln!(
-        "largest relative gradient difference: {:.2e} ({})",
+        "dropout {dropout}: largest relative gradient difference: {:.2e} ({})",
         worst.0, worst.1
     );
     assert!(worst.0 < 1e-4, "{} differs by {}", worst.1, worst.0);
+}
+
+#[test]
+fn gpu_training_gradients_equal_cpu_gradients() {
+    gradients_agree(false);
+}
+
+/// The GPU draws the CPU's dropout masks: with dropout on everywhere, loss and gradients still
+/// agree.
+#[test]
+fn gpu_dropout_draws_the_cpu_masks() {
+    gradients_agree(true);
+}
+
+/// Adam by the CUDA kernels (gradients and weights read and written in place, parameters
+/// longer than one 4,096-element chunk, a frozen row, weight decay, clipping from the second
+/// step on) against Adam on the CPU.
+#[test]
+fn gpu_adam_equals_cpu_adam() {
+    use nmt::train::optim::{Adam, AdamConfig};
+    let Some(gpu) = gpu() else { return };
+    let cfg = AdamConfig {
+        beta1: 0.9,
+        beta2: 0.98,
+        eps: 1e-9,
+        weight_decay: 0.01,
+    };
+    let run = |dev: &Device| {
+        let w = Tensor::arange(0f32, 7000.0, dev).unwrap();
+        let w = (w * 1e-3)
+            .unwrap()
+            .sin()
+            .unwrap()
+            .reshape((70, 100))
+            .unwrap();
+        let w = candle_core::Var::from_tensor(&w).unwrap();
+        let b = candle_core::Var::new(&[0.5f32, -0.5, 0.25], dev).unwrap();
+        let mut opt =
+            Adam::new(vec![("w".into(), w.clone()), ("b".into(), b.clone())], cfg).unwrap();
+        opt.freeze_row("w", 3).unwrap();
+        let mut norms = Vec::new();
+        for step in 1..=4 {
+            let grads = [
+                (w.as_tensor().cos().unwrap() * step as f64).unwrap(),
+                (b.as_tensor().sin().unwrap() * step as f64).unwrap(),
+            ];
+            opt.update(&grads, 0.5, 40.0, 0.01).unwrap();
+            norms.push(opt.grad_norm().unwrap().unwrap());
+        }
+        let host = |t: &Tensor| t.flatten_all().unwrap().to_device(&Device::Cpu).unwrap();
+        let mut state: Vec<_> = opt.state().unwrap().into_iter().collect();
+        state.sort_by(|a, b| a.0.cmp(&b.0));
+        let state: Vec<Tensor> = state.iter().map(|(_, t)| host(t)).collect();
+        (vec![host(w.as_tensor()), host(b.as_tensor())], norms, state)
+    };
+    let (cpu_w, cpu_norms, cpu_state) = run(&Device::Cpu);
+    let (gpu_w, gpu_norms, gpu_state) = run(&gpu);
+    eprintln!("gradient norms: CPU {cpu_norms:?}, GPU {gpu_norms:?}");
+    assert!(cpu_norms[1] > 40.0, "clipping must be exercised");
+    for (c, g) in cpu_norms.iter().zip(&gpu_norms) {
+        assert!((c - g).abs() < 1e-5 * c, "norms {c} {g}");
+    }
+    for (c, g) in cpu_w
+        .iter()
+        .zip(&gpu_w)
+        .chain(cpu_state.iter().zip(&gpu_state))
+    {
+        let d = max_abs(&(c - g).unwrap());
+        eprintln!("largest difference: {d:.2e}");
+        assert!(d < 1e-6, "differs by {d}");
+    }
 }

@@ -6,6 +6,8 @@
 
 pub mod attention;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod ops;
 pub mod packed;
 pub mod weights;
@@ -23,8 +25,9 @@ const LN_EPS: f64 = 1e-5;
 /// Added to attention scores of hidden keys: large and finite so a row never becomes NaN.
 pub const MASK_VALUE: f64 = -1e9;
 
-/// Dropout with masks drawn from our own generator, seeded per step, on the CPU (so training
-/// and its resumption are reproducible bit for bit), or from the device's generator on a GPU.
+/// Dropout with masks drawn from our own generator, seeded per step (so training and its
+/// resumption are reproducible bit for bit). A CUDA GPU computes the same masks in its kernels,
+/// from the generator's state: GPU and CPU runs drop the same elements.
 pub struct Dropout {
     rng: Option<RefCell<Rng>>,
 }
@@ -66,29 +69,20 @@ impl Dropout {
         if !self.is_on() || p <= 0.0 {
             return Ok(x.clone());
         }
-        if !x.device().is_cpu() {
-            // On a GPU the masks are drawn there, from the device's generator (cuRAND, seeded
-            // once per run by the trainer): drawing them on the host and copying them over
-            // cost more than the rest of a training step.
-            let keep = 1.0 / (1.0 - p);
-            let u = Tensor::rand(0f32, 1f32, x.shape(), x.device())?;
-            let mask = (u.ge(p)?.to_dtype(x.dtype())? * keep)?;
-            return Ok((x * mask)?);
-        }
         let n = x.elem_count();
         let Some(mask) = self.mask(n, p) else {
             return Ok(x.clone());
         };
-        if ops::fused(x) {
+        if ops::fused(x) || ops::cuda_kernels(x) {
             return Ok(ops::dropout(x, mask)?);
         }
         let mask = Tensor::from_vec(mask.values(n), x.shape(), x.device())?.to_dtype(x.dtype())?;
         Ok((x * mask)?)
     }
 
-    /// x + dropout(f): a residual connection, one op on the CPU in f32.
+    /// x + dropout(f): a residual connection, one op on the CPU in f32 and on CUDA.
     pub fn add(&self, x: &Tensor, f: &Tensor, p: f64) -> Result<Tensor> {
-        if ops::fused(f) && x.device().is_cpu() && x.dtype() == f.dtype() {
+        if same_kernels(x, f) {
             if let Some(mask) = self.mask(f.elem_count(), p) {
                 return Ok(ops::add_dropout(x, f, mask)?);
             }
@@ -408,6 +402,14 @@ impl FeedForward {
     }
 }
 
+/// Whether the fused ops (CPU f32 or CUDA kernels) take the residual `x` and sub-layer output
+/// `f` together.
+fn same_kernels(x: &Tensor, f: &Tensor) -> bool {
+    x.dtype() == f.dtype()
+        && x.device().same_device(f.device())
+        && (ops::fused(f) || ops::cuda_kernels(f))
+}
+
 /// Residual + LayerNorm around a sub-layer, post-norm (Marian) or pre-norm.
 fn residual(
     x: &Tensor,
@@ -421,7 +423,7 @@ fn residual(
         return drop.add(x, &f(&ln.forward(x)?)?, p);
     }
     let y = f(x)?;
-    if ops::fused(&y) && x.device().is_cpu() && x.dtype() == y.dtype() {
+    if same_kernels(x, &y) {
         let mask = drop.mask(y.elem_count(), p);
         return Ok(ops::residual_norm(
             x, &y, &ln.weight, &ln.bias, LN_EPS, mask,
@@ -683,10 +685,11 @@ impl Seq2Seq {
     /// Scaled token embeddings plus positions `offset..offset+T`: (B, T) ids → (B, T, d).
     fn embed(&self, ids: &Tensor, offset: usize, drop: &Dropout) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        let emb =
-            self.shared
-                .embedding(&ids.flatten_all()?)?
-                .reshape((b, t, self.config.d_model))?;
+        let emb = ops::select_rows(&self.shared, &ids.flatten_all()?)?.reshape((
+            b,
+            t,
+            self.config.d_model,
+        ))?;
         let pos = self.positions.narrow(0, offset, t)?;
         drop.apply(
             &(emb * self.embed_scale)?.broadcast_add(&pos)?,

@@ -1,7 +1,8 @@
 //! Fused CPU kernels with their own backward passes for the three hot spots of training:
 //! LayerNorm, attention softmax with an additive mask, and label-smoothed cross-entropy over
 //! the vocabulary. Each replaces a chain of generic ops whose backward allocates and sweeps
-//! memory once per op. On a GPU, softmax and LayerNorm run Candle's fused kernels with a
+//! memory once per op. On a CUDA GPU, dropout, the residual LayerNorm, the embedding gradient
+//! and the cross-entropy run nmt's own kernels (`model/cuda.rs`), and softmax Candle's with a
 //! backward supplied here; elsewhere the same functions fall back to differentiable
 //! compositions of Candle ops, so results agree everywhere.
 
@@ -14,6 +15,19 @@ use rayon::prelude::*;
 /// Whether the CPU f32 kernels of this crate apply to `t`.
 pub(crate) fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// Whether nmt's CUDA kernels (`model/cuda.rs`) apply to `t`.
+pub(crate) fn cuda_kernels(t: &Tensor) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        super::cuda::serves(t)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = t;
+        false
+    }
 }
 
 pub(crate) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
@@ -281,7 +295,7 @@ impl CustomOp3 for ResidualNorm {
 }
 
 /// LayerNorm(x + f · mask) (mask: dropout, or none), a post-norm residual block, as one op
-/// (CPU, f32).
+/// (CPU in f32, or CUDA).
 pub fn residual_norm(
     x: &Tensor,
     f: &Tensor,
@@ -296,6 +310,24 @@ pub fn residual_norm(
             x.shape(),
             f.shape()
         );
+    }
+    #[cfg(feature = "cuda")]
+    if cuda_kernels(f) {
+        if w.dim(0)? > super::cuda::MAX_WIDTH {
+            let s = match mask {
+                Some(m) => add_dropout(x, f, m)?,
+                None => (x + f)?,
+            };
+            return layer_norm(&s, w, b, eps);
+        }
+        let op = super::cuda::ResidualNorm {
+            mask,
+            eps: eps as f32,
+            has_f: true,
+        };
+        return x
+            .contiguous()?
+            .apply_op3(&f.contiguous()?, &Tensor::cat(&[w, b], 0)?, op);
     }
     let op = ResidualNorm {
         mask,
@@ -313,6 +345,16 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
             .contiguous()?
             .apply_op3(w, b, LayerNormOp { eps: eps as f32 });
     }
+    #[cfg(feature = "cuda")]
+    if cuda_kernels(x) && w.dim(0)? <= super::cuda::MAX_WIDTH {
+        let x = x.contiguous()?;
+        let op = super::cuda::ResidualNorm {
+            mask: None,
+            eps: eps as f32,
+            has_f: false,
+        };
+        return x.apply_op3(&x, &Tensor::cat(&[w, b], 0)?, op);
+    }
     if gpu_kernels(x) {
         return layer_norm_kernels(x, w, b, eps);
     }
@@ -321,6 +363,19 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = centred.broadcast_div(&(var + eps)?.sqrt()?)?;
     normed.broadcast_mul(w)?.broadcast_add(b)
+}
+
+/// Rows `ids` (N,) of a table `w` (V, d) → (N, d): an embedding lookup, or a gather of
+/// hidden states. On CUDA with u32 ids the gradient is summed by nmt's kernels (Candle's
+/// index_add walks all ids once per column, milliseconds for a batch).
+pub fn select_rows(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if cuda_kernels(w) && ids.dtype() == DType::U32 && ids.elem_count() > 0 {
+        return w
+            .contiguous()?
+            .apply_op2(&ids.contiguous()?, super::cuda::SelectRows);
+    }
+    w.embedding(ids)
 }
 
 // ---------------------------------------------------------------- GPU: Candle's kernels, our backward
@@ -668,6 +723,15 @@ pub fn smoothed_cross_entropy(logits: &Tensor, labels: &Tensor, epsilon: f64) ->
             },
         );
     }
+    #[cfg(feature = "cuda")]
+    if cuda_kernels(logits) && labels.dtype() == DType::U32 && logits.dim(0)? > 0 {
+        return logits.contiguous()?.apply_op2(
+            &labels.contiguous()?,
+            super::cuda::SmoothedCrossEntropy {
+                epsilon: epsilon as f32,
+            },
+        );
+    }
     let logits = logits.to_dtype(DType::F32)?;
     let v = logits.dim(1)?;
     let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
@@ -920,7 +984,7 @@ pub fn projected_cross_entropy(
         };
     }
     let logits = hidden.matmul(&weight.t()?)?.broadcast_add(bias)?;
-    let per_row = smoothed_cross_entropy(&logits.to_dtype(DType::F32)?, labels, epsilon)?;
+    let per_row = smoothed_cross_entropy(&logits, labels, epsilon)?;
     let sums = per_row.sum(0)?;
     Tensor::cat(&[sums.narrow(0, 0, 1)?, sums.narrow(0, 1, 1)?.detach()], 0)
 }
@@ -1332,6 +1396,16 @@ impl CustomOp1 for DropoutOp {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let y = super::cuda::dropout(s1, l1, None, &self.0)?;
+        Ok((y, l1.shape().clone()))
+    }
+
     fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(dy.contiguous()?.apply_op1_no_bwd(self)?))
     }
@@ -1353,6 +1427,18 @@ impl CustomOp2 for AddDropoutOp {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let y = super::cuda::dropout(s2, l2, Some((s1, l1)), &self.0)?;
+        Ok((y, l1.shape().clone()))
+    }
+
     fn bwd(
         &self,
         _x: &Tensor,
@@ -1365,12 +1451,13 @@ impl CustomOp2 for AddDropoutOp {
     }
 }
 
-/// x · mask (CPU, f32).
+/// x · mask (CPU in f32, or CUDA).
 pub fn dropout(x: &Tensor, mask: DropoutMask) -> Result<Tensor> {
     x.contiguous()?.apply_op1(DropoutOp(mask))
 }
 
-/// x + f · mask, the residual connection around a sub-layer with output `f` (CPU, f32).
+/// x + f · mask, the residual connection around a sub-layer with output `f` (CPU in f32, or
+/// CUDA).
 pub fn add_dropout(x: &Tensor, f: &Tensor, mask: DropoutMask) -> Result<Tensor> {
     if x.shape() != f.shape() {
         candle_core::bail!(

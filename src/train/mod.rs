@@ -15,7 +15,7 @@ use crate::data::tokenizer::{self, SubwordTokenizer, TrainOptions};
 use crate::decode;
 use crate::eval::{bleu::Bleu, Metric};
 use crate::model::weights::Weights;
-use crate::model::{Dropout, ModelConfig, Seq2Seq};
+use crate::model::{ops, Dropout, ModelConfig, Seq2Seq};
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use checkpoint::{Checkpoint, TrainerState};
@@ -160,7 +160,7 @@ impl Trainer<'_> {
             .broadcast_add(&m.length_bias(&b.tgt_lengths, t)?)?;
         let h = m.decode(&b.tgt_in, &tgt_bias, &memory, &src_bias, drop)?;
         let (bs, t, d) = h.dims3()?;
-        let rows = h.reshape((bs * t, d))?.index_select(&b.positions, 0)?;
+        let rows = ops::select_rows(&h.reshape((bs * t, d))?, &b.positions)?;
         let eps = if drop.is_on() {
             self.cfg.label_smoothing
         } else {
@@ -502,11 +502,6 @@ fn train_loop(
         prune_checkpoints(out, cfg.keep_last, state.best_step)?;
         Ok(improved)
     };
-    if !device.is_cpu() {
-        // Dropout on a GPU draws from the device's generator: seeded once per run (re-creating
-        // it every step was slow and exhausted the GPU), from the seed and the starting step.
-        device.set_seed(cfg.seed ^ (state.step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))?;
-    }
     'epochs: loop {
         if cfg.max_epochs.is_some_and(|m| state.epoch > m) {
             break;

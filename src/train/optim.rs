@@ -55,6 +55,12 @@ pub struct Adam {
     grad_mask: Option<Vec<u8>>,
     /// `decay` and `grad_mask` as f32 tensors on the device (not the CPU).
     device_masks: Option<(Tensor, Option<Tensor>)>,
+    /// The parameters' layout and masks for the CUDA kernels, made at their first update.
+    #[cfg(feature = "cuda")]
+    cuda_tables: Option<crate::model::cuda::AdamTables>,
+    /// The global gradient norm of the last update (before clipping), where it was computed:
+    /// on a GPU, reading it would wait for the device.
+    last_norm: Option<Tensor>,
     /// Updates applied so far.
     pub step: usize,
 }
@@ -90,6 +96,9 @@ impl Adam {
             decay,
             grad_mask: None,
             device_masks: None,
+            #[cfg(feature = "cuda")]
+            cuda_tables: None,
+            last_norm: None,
             step: 0,
         })
     }
@@ -116,13 +125,17 @@ impl Adam {
         let n = self.n;
         self.grad_mask.get_or_insert_with(|| vec![1; n])[start..start + cols].fill(0);
         self.device_masks = None;
+        #[cfg(feature = "cuda")]
+        {
+            self.cuda_tables = None;
+        }
         Ok(())
     }
 
     /// One update from the summed gradients `grads` (one per parameter, in [`Adam::vars`]
     /// order): they are multiplied by `scale`, frozen entries zeroed, and clipped to a global
-    /// norm of `clip_norm` (0: no clipping). Returns the global norm before clipping.
-    pub fn update(&mut self, grads: &[Tensor], scale: f64, clip_norm: f64, lr: f64) -> Result<f64> {
+    /// norm of `clip_norm` (0: no clipping); [`Adam::grad_norm`] then gives that norm.
+    pub fn update(&mut self, grads: &[Tensor], scale: f64, clip_norm: f64, lr: f64) -> Result<()> {
         if grads.len() != self.slots.len() {
             bail!(
                 "{} gradients for {} parameters",
@@ -130,12 +143,71 @@ impl Adam {
                 self.slots.len()
             );
         }
-        let g = flat(grads.iter())?;
-        if g.device().is_cpu() && self.n > 0 {
-            self.update_cpu(g, scale, clip_norm, lr)
-        } else {
-            self.update_tensors(g, scale, clip_norm, lr)
+        #[cfg(feature = "cuda")]
+        if self.n > 0 && crate::model::cuda::serves(self.slots[0].var.as_tensor()) {
+            let norm = self.update_cuda(grads, scale, clip_norm, lr)?;
+            self.last_norm = Some(norm);
+            return Ok(());
         }
+        let g = flat(grads.iter())?;
+        let norm = if g.device().is_cpu() && self.n > 0 {
+            self.update_cpu(g, scale, clip_norm, lr)?
+        } else {
+            self.update_tensors(g, scale, clip_norm, lr)?
+        };
+        self.last_norm = Some(Tensor::new(norm, &candle_core::Device::Cpu)?);
+        Ok(())
+    }
+
+    /// The global gradient norm (before clipping) of the last update, if any.
+    pub fn grad_norm(&self) -> Result<Option<f64>> {
+        Ok(match &self.last_norm {
+            Some(t) => Some(t.to_dtype(DType::F64)?.to_scalar::<f64>()?),
+            None => None,
+        })
+    }
+
+    /// [`Adam::update`] by nmt's CUDA kernels: three launches, the gradients and parameters
+    /// read and written where they lie. Returns the norm as a device scalar.
+    #[cfg(feature = "cuda")]
+    fn update_cuda(
+        &mut self,
+        grads: &[Tensor],
+        scale: f64,
+        clip_norm: f64,
+        lr: f64,
+    ) -> Result<Tensor> {
+        use crate::model::cuda::{adam_update, AdamArgs, AdamTables};
+        let candle_core::Device::Cuda(dev) = self.state.device() else {
+            bail!("the optimizer state is not on the GPU");
+        };
+        if self.cuda_tables.is_none() {
+            let lens: Vec<usize> = self.slots.iter().map(|s| s.len).collect();
+            let tables = AdamTables::new(dev, &lens, &self.decay, self.grad_mask.as_deref())?;
+            self.cuda_tables = Some(tables);
+        }
+        if !self.master_valid {
+            let theta = flat(self.slots.iter().map(|s| s.var.as_tensor()))?;
+            self.state.slice_set(&theta, 0, 2 * self.n)?;
+            self.master_valid = true;
+        }
+        self.step += 1;
+        let c = self.cfg;
+        let args = AdamArgs {
+            scale,
+            clip_norm,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            bc1: 1.0 - c.beta1.powi(self.step as i32),
+            bc2: 1.0 - c.beta2.powi(self.step as i32),
+            lr,
+            weight_decay: c.weight_decay,
+        };
+        let params: Vec<&Tensor> = self.slots.iter().map(|s| s.var.as_tensor()).collect();
+        let tables = self.cuda_tables.as_ref().unwrap();
+        let out = adam_update(tables, grads, &params, &self.state, &args)?;
+        Ok(out.get(1)?)
     }
 
     /// [`Adam::update`] in tensor operations, for any device.
@@ -490,7 +562,8 @@ mod tests {
             };
             // Clipping applies from the second step on (the norm grows with `step`).
             let clip = 4.0;
-            let na = a.update(&grads(&va), 0.5, clip, 0.01).unwrap();
+            a.update(&grads(&va), 0.5, clip, 0.01).unwrap();
+            let na = a.grad_norm().unwrap().unwrap();
             let g = flat(grads(&vb).iter()).unwrap();
             let nb = b.update_tensors(g, 0.5, clip, 0.01).unwrap();
             assert!((na - nb).abs() < 1e-5 * nb, "norms {na} {nb}");
