@@ -7,23 +7,28 @@
 #          yardstick (../shared/peers/torch_marian_ref.py --device cuda) on the same configuration
 #          (data/configs/yardstick.json: vocab 8000, d_model 256, 3+3 layers, FFN 1024, batches of
 #          <= 4096 tokens), Multi30k de->en, alternating rounds; medians over steps after the 10th;
-#          then where an nmt step's time goes (NMT_PROFILE=1: forward, backward, optimizer)
+#          then where an nmt step's time goes (NMT_PROFILE=1: forward, backward, optimizer);
+#          with --baseline, another CUDA build of nmt runs f32 in every round too (A/B)
+#   census kernel launches and GPU time of one training step, by kind (ncu over 2 and 3 steps,
+#          the difference; needs ncu, looked for in PATH and /usr/local/cuda/bin)
 #   agree  trains data/configs/multi30k.json on the GPU for --minutes, translates
 #          test_2016_flickr greedy and beam 5 on the GPU and on the CPU, and prints the share of
 #          identical lines and each BLEU
 #
-#   scripts/bench-cuda.sh --nmt BIN --data DIR [--tests BIN] [--peer FILE] [--python PY]
-#                         [--steps N] [--rounds R] [--minutes M] [--stages tests,speed,agree] [--out DIR]
+#   scripts/bench-cuda.sh --nmt BIN --data DIR [--tests BIN] [--baseline BIN] [--peer FILE]
+#                         [--python PY] [--steps N] [--rounds R] [--minutes M]
+#                         [--stages tests,speed,census,agree] [--out DIR]
 #
 # cuBLAS and cuRAND are looked for in the Python install's nvidia/*/lib folders (PyTorch's
 # wheels) unless LD_LIBRARY_PATH already finds them.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-nmt="" tests="" data="" peer=$root/../shared/peers/torch_marian_ref.py py=${PEERS_PYTHON:-python3}
+nmt="" tests="" baseline="" data="" peer=$root/../shared/peers/torch_marian_ref.py py=${PEERS_PYTHON:-python3}
 steps=200 rounds=2 minutes=3 stages=tests,speed,agree out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --nmt) nmt=$2; shift 2 ;; --tests) tests=$2; shift 2 ;; --data) data=$2; shift 2 ;;
+    --baseline) baseline=$2; shift 2 ;;
     --peer) peer=$2; shift 2 ;; --python) py=$2; shift 2 ;; --steps) steps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;; --minutes) minutes=$2; shift 2 ;; --stages) stages=$2; shift 2 ;;
     --out) out=$2; shift 2 ;; *) echo "unknown option $1" >&2; exit 2 ;;
@@ -55,26 +60,28 @@ if has tests && [ -n "$tests" ]; then
 fi
 
 tok=$out/tok8000.json
-if has speed || has agree; then
+if has speed || has agree || has census; then
   "$nmt" tokenize train --input "$data/train.de.gz" --input "$data/train.en.gz" --vocab-size 8000 --output "$tok" 2>/dev/null
+  "$py" -c "import json; c=json.load(open('$root/data/configs/yardstick.json')); c.update(log_every=1, valid_every=10**9); json.dump(c, open('$out/speed.json','w'))"
 fi
 
 if has speed; then
   echo "== speed: target tokens/s on the GPU, $steps steps, yardstick configuration"
-  "$py" -c "import json; c=json.load(open('$root/data/configs/yardstick.json')); c.update(log_every=1, valid_every=10**9); json.dump(c, open('$out/speed.json','w'))"
   printf '%-6s %-14s %12s\n' round system "tgt tok/s"
-  f32=() bf16=() torch=()
+  f32=() bf16=() torch=() base=()
   for r in $(seq "$rounds"); do
-    for dt in f32 bf16; do
-      rm -rf "$out/speed-$dt"
-      if "$nmt" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --tokenizer "$tok" --config "$out/speed.json" \
-          --device cuda --dtype "$dt" --max-steps "$steps" --out "$out/speed-$dt" 2> "$out/speed-$dt.log"; then
-        rate=$(nmt_rate "$out/speed-$dt/metrics.jsonl")
+    for run in ${baseline:+baseline} f32 bf16; do
+      bin=$nmt dt=$run
+      [ "$run" = baseline ] && bin=$baseline dt=f32
+      rm -rf "$out/speed-$run"
+      if "$bin" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --tokenizer "$tok" --config "$out/speed.json" \
+          --device cuda --dtype "$dt" --max-steps "$steps" --out "$out/speed-$run" 2> "$out/speed-$run.log"; then
+        rate=$(nmt_rate "$out/speed-$run/metrics.jsonl")
       else
-        rate=failed; tail -3 "$out/speed-$dt.log"
+        rate=failed; tail -3 "$out/speed-$run.log"
       fi
-      [ "$dt" = f32 ] && f32+=("$rate") || bf16+=("$rate")
-      printf '%-6s %-14s %12s\n' "$r" "nmt $dt" "$rate"
+      case $run in baseline) base+=("$rate") ;; f32) f32+=("$rate") ;; *) bf16+=("$rate") ;; esac
+      printf '%-6s %-14s %12s\n' "$r" "nmt $run" "$rate"
     done
     rm -rf "$out/peer"
     PYTHONUNBUFFERED=1 "$py" "$peer" --data "$data" --src de --tgt en --device cuda --max-tokens 4096 \
@@ -94,11 +101,45 @@ print(f"nmt f32 step, device synchronised after each phase (NMT_PROFILE=1): forw
       f"backward {med('backward_ms'):.1f} ms, optimizer {med('optimizer_ms'):.1f} ms")
 PY
   m() { printf '%s\n' "$@" | median; }
-  "$py" - "$(m "${f32[@]}")" "$(m "${bf16[@]}")" "$(m "${torch[@]}")" <<'PY'
+  "$py" - "$(m "${f32[@]}")" "$(m "${bf16[@]}")" "$(m "${torch[@]}")" "$(m "${base[@]:-n/a}")" <<'PY'
 import sys
-f32, bf16, torch = sys.argv[1:]
-ratio = lambda a: f"{float(a) / float(torch):.2f}x" if a != "n/a" and torch != "n/a" else "n/a"
+f32, bf16, torch, base = sys.argv[1:]
+ratio = lambda a, b=torch: f"{float(a) / float(b):.2f}x" if "n/a" not in (a, b) else "n/a"
 print(f"medians: nmt f32 {f32} tok/s ({ratio(f32)} PyTorch), nmt bf16 {bf16} tok/s ({ratio(bf16)}), PyTorch f32 {torch} tok/s")
+if base != "n/a":
+    print(f"baseline build f32 {base} tok/s ({ratio(base)} PyTorch); this build / baseline: {ratio(f32, base)}")
+PY
+fi
+
+if has census; then
+  echo "== census: kernel launches and GPU time of one training step (ncu: 3 steps minus 2)"
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for n in 2 3; do
+    rm -rf "$out/census"
+    "$ncu" --metrics gpu__time_duration.sum --csv "$nmt" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" \
+      --tokenizer "$tok" --config "$out/speed.json" --device cuda --max-steps "$n" --out "$out/census" \
+      > "$out/ncu$n.csv" 2> "$out/ncu.log" || { echo "ncu failed:"; tail -3 "$out/ncu.log"; }
+  done
+  "$py" - "$out/ncu2.csv" "$out/ncu3.csv" <<'PY'
+import collections, csv, sys
+def load(path):
+    rows = [r for r in csv.reader(open(path)) if len(r) > 10]
+    if not rows:
+        return {}
+    head, rows = rows[0], rows[1:]
+    k, v, u = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    total = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        name = r[k].split("(")[0][:70]
+        total[name][0] += 1
+        total[name][1] += float(r[v].replace(",", "")) * scale.get(r[u], 1.0)  # microseconds
+    return total
+two, three = load(sys.argv[1]), load(sys.argv[2])
+step = {n: [c - two.get(n, [0, 0])[0], t - two.get(n, [0, 0])[1]] for n, (c, t) in three.items()}
+print(f"one step: {sum(c for c, _ in step.values())} launches, {sum(t for _, t in step.values()) / 1e3:.2f} ms of kernel time (ncu flushes caches between kernels: times are inflated, counts exact)")
+for name, (c, t) in sorted(step.items(), key=lambda x: -x[1][1])[:30]:
+    print(f"{c:6d} {t / 1e3:8.3f} ms  {name}")
 PY
 fi
 

@@ -23,6 +23,8 @@
 #   NMT_CUDA_VERSION  CUDA release of the wheels [13.0]; PTX from 13.0 runs on every CUDA 13
 #                     driver, and cudarc then looks for libcublas.so.13 and friends
 #   CUDA_COMPUTE_CAP  GPU architecture the kernels are compiled for [90: H100/H200]
+#   NMT_CANDLE_BACKPROP  'stock' builds against Candle's own backward pass, to measure the
+#                     rewrite against it [patched]
 # It sets, for the build only: CUDA_HOME, CUDA_PATH and PATH (nvcc), NVCC_CCBIN (the host C++
 # compiler), CUDA_COMPUTE_CAP, LIBRARY_PATH (the static CUDA runtime) and
 # CARGO_TARGET_DIR=target/cuda.
@@ -62,13 +64,19 @@ import json, sys, os
 m = json.load(sys.stdin)
 print(next(os.path.dirname(p["manifest_path"]) for p in m["packages"] if p["name"] == "candle-core"))')
 patched=$CARGO_TARGET_DIR/patched/candle-core
-patch_version=$(cat "$root/scripts/patch-candle-backprop.py" | md5sum | cut -c1-12)
+case "${NMT_CANDLE_BACKPROP:-patched}" in
+  patched) patch_version=$(md5sum < "$root/scripts/patch-candle-backprop.py" | cut -c1-12) ;;
+  stock) patch_version=stock ;;
+  *) echo "build-cuda.sh: NMT_CANDLE_BACKPROP is 'patched' or 'stock'" >&2; exit 2 ;;
+esac
 if [ "$(cat "$patched.from" 2>/dev/null)" != "$core_src $patch_version" ]; then  # else reuse (no rebuild)
   rm -rf "$patched"; mkdir -p "$(dirname "$patched")"
   cp -r "$core_src" "$patched"
   grep -q '"dynamic-linking"' "$patched/Cargo.toml" || { echo "build-cuda.sh: candle-core no longer asks for dynamic-linking; update this script" >&2; exit 1; }
   sed -i 's/"dynamic-linking"/"dynamic-loading"/' "$patched/Cargo.toml"
-  "$venv/bin/python" "$root/scripts/patch-candle-backprop.py" "$patched/src/backprop.rs"
+  if [ "$patch_version" != stock ]; then
+    "$venv/bin/python" "$root/scripts/patch-candle-backprop.py" "$patched/src/backprop.rs"
+  fi
   echo "$core_src $patch_version" > "$patched.from"
 fi
 
