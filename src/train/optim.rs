@@ -30,11 +30,12 @@ struct Slot {
     len: usize,
 }
 
-/// Adam over all parameters at once: gradients, moments and weights are handled as one flat
-/// f32 vector, so that an update is a few dozen tensor operations whatever the number of
-/// parameters (on a GPU each operation is a kernel launch; per-parameter updates made the
-/// optimizer the slowest part of a step there), and on the CPU one fused pass over memory.
-/// The arithmetic is elementwise and in the same order as a per-parameter update.
+/// Adam over all parameters at once: moments and master weights are one flat f32 vector, so
+/// that an update costs the same few passes whatever the number of parameters: on the CPU one
+/// fused pass over memory, on a CUDA GPU three kernel launches that read each gradient and
+/// write each weight where it lies (per-parameter updates made the optimizer the slowest part
+/// of a step there), elsewhere a few dozen tensor operations on the gathered gradients. The
+/// arithmetic is elementwise and in the same order as a per-parameter update.
 pub struct Adam {
     cfg: AdamConfig,
     slots: Vec<Slot>,
