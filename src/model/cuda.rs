@@ -73,6 +73,32 @@ fn input<'a, T: CudaDType + DeviceRepr>(
     }
 }
 
+/// Launches kernel `$name` of kernels.cu on `$dev`'s stream with `$config`, once `$push` has
+/// pushed the arguments onto the builder `$b`, in the order of the kernel's parameters.
+macro_rules! launch {
+    ($dev:expr, $name:expr, $config:expr, |$b:ident| $push:block) => {{
+        let func = $dev.get_or_load_custom_func($name, "nmt", PTX)?;
+        let mut $b = func.builder();
+        $push
+        // SAFETY: the arguments follow the kernel's signature in kernels.cu.
+        unsafe { $b.launch($config) }.w()?;
+    }};
+}
+
+/// Runs `f` on the CUDA storage and layout of `t`, a tensor an op holds rather than receives
+/// (its output gradient, say); `what` names it in the error when `t` is elsewhere.
+fn with_cuda<R>(
+    t: &Tensor,
+    what: &str,
+    f: impl FnOnce(&CudaStorage, &Layout) -> Result<R>,
+) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cuda(s) => f(s, layout),
+        _ => candle_core::bail!("{what} is not on the GPU"),
+    }
+}
+
 /// Mask parameters for the kernels: (state, threshold, keep); none keeps everything.
 fn mask_args(mask: &Option<DropoutMask>) -> (u64, u64, f32) {
     match mask {
@@ -106,17 +132,17 @@ pub(crate) fn dropout(
         let xs = input::<T>(x, xl)?;
         let bs = base.map(|(s, l)| input::<T>(s, l)).transpose()?;
         let out = unsafe { dev.alloc::<T>(n)? };
-        let f = dev.get_or_load_custom_func(&format!("dropout_{}", T::NAME), "nmt", PTX)?;
-        let mut b = f.builder();
-        b.arg(&xs);
         let null = 0u64;
-        match &bs {
-            Some(v) => b.arg(v),
-            None => b.arg(&null),
-        };
-        let (state, threshold, keep, n64) = (mask.rng.state, mask.threshold, mask.keep, n as u64);
-        b.arg(&out).arg(&n64).arg(&state).arg(&threshold).arg(&keep);
-        unsafe { b.launch(cfg(blocks(n, 256).min(65_535), 256, 0)) }.w()?;
+        let (state, threshold, keep) = mask_args(&Some(*mask));
+        let n64 = n as u64;
+        launch!(dev, &format!("dropout_{}", T::NAME), cfg(blocks(n, 256).min(65_535), 256, 0), |b| {
+            b.arg(&xs);
+            match &bs {
+                Some(v) => b.arg(v),
+                None => b.arg(&null),
+            };
+            b.arg(&out).arg(&n64).arg(&state).arg(&threshold).arg(&keep);
+        });
         Ok(T::wrap_cuda_slice(out, dev))
     })
 }
@@ -160,7 +186,7 @@ impl CustomOp3 for ResidualNorm {
         _: &candle_core::CpuStorage,
         _: &Layout,
     ) -> Result<(candle_core::CpuStorage, Shape)> {
-        candle_core::bail!("nmt-residual-norm-cuda runs on CUDA devices only")
+        candle_core::bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -182,15 +208,14 @@ impl CustomOp3 for ResidualNorm {
             let fs = input::<T>(f, fl)?;
             let wbs = input::<T>(wb, wbl)?;
             let out = unsafe { dev.alloc::<T>(n)? };
-            let func = dev.get_or_load_custom_func(&format!("residual_norm_{}", T::NAME), "nmt", PTX)?;
-            let mut b = func.builder();
             let null = 0u64;
-            b.arg(&xs);
-            if self.has_f { b.arg(&fs) } else { b.arg(&null) };
             let (rows32, d32) = (rows as i32, d as i32);
-            b.arg(&wbs).arg(&out).arg(&rows32).arg(&d32).arg(&self.eps);
-            b.arg(&state).arg(&threshold).arg(&keep);
-            unsafe { b.launch(cfg(blocks(rows, 8), 256, 0)) }.w()?;
+            launch!(dev, &format!("residual_norm_{}", T::NAME), cfg(blocks(rows, 8), 256, 0), |b| {
+                b.arg(&xs);
+                if self.has_f { b.arg(&fs) } else { b.arg(&null) };
+                b.arg(&wbs).arg(&out).arg(&rows32).arg(&d32).arg(&self.eps);
+                b.arg(&state).arg(&threshold).arg(&keep);
+            });
             Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
         })
     }
@@ -238,7 +263,7 @@ impl CustomOp3 for ResidualNormGrad {
         _: &candle_core::CpuStorage,
         _: &Layout,
     ) -> Result<(candle_core::CpuStorage, Shape)> {
-        candle_core::bail!("nmt-residual-norm-grad-cuda runs on CUDA devices only")
+        candle_core::bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -256,40 +281,41 @@ impl CustomOp3 for ResidualNormGrad {
         let rows = n / d;
         let k = if self.has_f { 2 } else { 1 };
         let (state, threshold, keep) = mask_args(&self.mask);
-        let (dy_storage, dyl) = self.dy.storage_and_layout();
-        let candle_core::Storage::Cuda(dy) = &*dy_storage else {
-            candle_core::bail!("nmt-residual-norm-grad-cuda: the gradient is not on the GPU")
-        };
         let n_blocks = rows.div_ceil(BWD_WARPS).clamp(1, BWD_BLOCKS);
-        with_elem!(x.dtype(), T => {
-            let xs = input::<T>(x, xl)?;
-            let fs = input::<T>(f, fl)?;
-            let wbs = input::<T>(wb, wbl)?;
-            let dys = input::<T>(dy, dyl)?;
-            let out = unsafe { dev.alloc::<T>((k * rows + 2) * d)? };
-            let part: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n_blocks * 2 * d)? };
-            let ds = out.slice(0..n);
-            let df = out.slice(n..);
-            let dwb = out.slice(k * n..);
-            let null = 0u64;
-            let (rows32, d32) = (rows as i32, d as i32);
-            let func = dev.get_or_load_custom_func(&format!("residual_norm_bwd_{}", T::NAME), "nmt", PTX)?;
-            let mut b = func.builder();
-            b.arg(&xs);
-            if self.has_f { b.arg(&fs) } else { b.arg(&null) };
-            b.arg(&wbs).arg(&dys).arg(&ds);
-            if self.has_f { b.arg(&df) } else { b.arg(&null) };
-            b.arg(&part).arg(&rows32).arg(&d32).arg(&self.eps);
-            b.arg(&state).arg(&threshold).arg(&keep);
-            let shared = (BWD_WARPS * 2 * d * 4) as u32;
-            unsafe { b.launch(cfg(n_blocks as u32, (32 * BWD_WARPS) as u32, shared)) }.w()?;
-            let func = dev.get_or_load_custom_func(&format!("sum_parts_{}", T::NAME), "nmt", PTX)?;
-            let mut b = func.builder();
-            let (nb32, width32) = (n_blocks as i32, 2 * d as i32);
-            b.arg(&part).arg(&dwb).arg(&nb32).arg(&width32);
-            unsafe { b.launch(cfg(blocks(2 * d, 256), 256, 0)) }.w()?;
-            Ok((T::wrap_cuda_slice(out, dev), Shape::from((k * rows + 2, d))))
-        })
+        with_cuda(
+            &self.dy,
+            "nmt-residual-norm-grad-cuda: the gradient",
+            |dy, dyl| {
+                with_elem!(x.dtype(), T => {
+                    let xs = input::<T>(x, xl)?;
+                    let fs = input::<T>(f, fl)?;
+                    let wbs = input::<T>(wb, wbl)?;
+                    let dys = input::<T>(dy, dyl)?;
+                    let out = unsafe { dev.alloc::<T>((k * rows + 2) * d)? };
+                    let part: CudaSlice<f32> = unsafe { dev.alloc::<f32>(n_blocks * 2 * d)? };
+                    let ds = out.slice(0..n);
+                    let df = out.slice(n..);
+                    let dwb = out.slice(k * n..);
+                    let null = 0u64;
+                    let (rows32, d32) = (rows as i32, d as i32);
+                    let shared = (BWD_WARPS * 2 * d * 4) as u32;
+                    let config = cfg(n_blocks as u32, (32 * BWD_WARPS) as u32, shared);
+                    launch!(dev, &format!("residual_norm_bwd_{}", T::NAME), config, |b| {
+                        b.arg(&xs);
+                        if self.has_f { b.arg(&fs) } else { b.arg(&null) };
+                        b.arg(&wbs).arg(&dys).arg(&ds);
+                        if self.has_f { b.arg(&df) } else { b.arg(&null) };
+                        b.arg(&part).arg(&rows32).arg(&d32).arg(&self.eps);
+                        b.arg(&state).arg(&threshold).arg(&keep);
+                    });
+                    let (nb32, width32) = (n_blocks as i32, 2 * d as i32);
+                    launch!(dev, &format!("sum_parts_{}", T::NAME), cfg(blocks(2 * d, 256), 256, 0), |b| {
+                        b.arg(&part).arg(&dwb).arg(&nb32).arg(&width32);
+                    });
+                    Ok((T::wrap_cuda_slice(out, dev), Shape::from((k * rows + 2, d))))
+                })
+            },
+        )
     }
 }
 
@@ -314,7 +340,7 @@ impl CustomOp2 for SelectRows {
         _: &candle_core::CpuStorage,
         _: &Layout,
     ) -> Result<(candle_core::CpuStorage, Shape)> {
-        candle_core::bail!("nmt-select-rows-cuda runs on CUDA devices only")
+        candle_core::bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -353,7 +379,7 @@ impl CustomOp2 for SelectRowsGrad {
         _: &candle_core::CpuStorage,
         _: &Layout,
     ) -> Result<(candle_core::CpuStorage, Shape)> {
-        candle_core::bail!("nmt-select-rows-grad-cuda runs on CUDA devices only")
+        candle_core::bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -371,18 +397,21 @@ impl CustomOp2 for SelectRowsGrad {
         let next = links.slice(0..n);
         let first = links.slice(n..);
         let n32 = n as i32;
-        let func = dev.get_or_load_custom_func("embedding_links_u32", "nmt", PTX)?;
-        let mut b = func.builder();
-        b.arg(&idv).arg(&n32).arg(&next).arg(&first);
-        unsafe { b.launch(cfg(blocks(n, 128), 128, 0)) }.w()?;
+        launch!(
+            dev,
+            "embedding_links_u32",
+            cfg(blocks(n, 128), 128, 0),
+            |b| {
+                b.arg(&idv).arg(&n32).arg(&next).arg(&first);
+            }
+        );
         with_elem!(g.dtype(), T => {
             let gs = input::<T>(g, gl)?;
             let out = dev.alloc_zeros::<T>(self.vocab * d)?;
             let (d32, vocab32) = (d as i32, self.vocab as u32);
-            let func = dev.get_or_load_custom_func(&format!("embedding_grad_{}", T::NAME), "nmt", PTX)?;
-            let mut b = func.builder();
-            b.arg(&idv).arg(&gs).arg(&next).arg(&first).arg(&out).arg(&n32).arg(&d32).arg(&vocab32);
-            unsafe { b.launch(cfg(blocks(n * d, 256), 256, 0)) }.w()?;
+            launch!(dev, &format!("embedding_grad_{}", T::NAME), cfg(blocks(n * d, 256), 256, 0), |b| {
+                b.arg(&idv).arg(&gs).arg(&next).arg(&first).arg(&out).arg(&n32).arg(&d32).arg(&vocab32);
+            });
             Ok((T::wrap_cuda_slice(out, dev), Shape::from((self.vocab, d))))
         })
     }
@@ -412,7 +441,7 @@ impl CustomOp2 for SmoothedCrossEntropy {
         _: &candle_core::CpuStorage,
         _: &Layout,
     ) -> Result<(candle_core::CpuStorage, Shape)> {
-        candle_core::bail!("nmt-smoothed-ce-cuda runs on CUDA devices only")
+        candle_core::bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -428,11 +457,10 @@ impl CustomOp2 for SmoothedCrossEntropy {
         with_elem!(x.dtype(), T => {
             let xs = input::<T>(x, xl)?;
             let out = unsafe { dev.alloc::<f32>(2 * rows)? };
-            let func = dev.get_or_load_custom_func(&format!("smoothed_ce_{}", T::NAME), "nmt", PTX)?;
-            let mut b = func.builder();
             let v32 = v as i32;
-            b.arg(&xs).arg(&ys).arg(&out).arg(&v32).arg(&self.epsilon);
-            unsafe { b.launch(cfg(rows as u32, 256, 0)) }.w()?;
+            launch!(dev, &format!("smoothed_ce_{}", T::NAME), cfg(rows as u32, 256, 0), |b| {
+                b.arg(&xs).arg(&ys).arg(&out).arg(&v32).arg(&self.epsilon);
+            });
             Ok((f32::wrap_cuda_slice(out, dev), Shape::from((rows, 2))))
         })
     }
@@ -464,7 +492,7 @@ impl CustomOp2 for SmoothedCrossEntropyGrad {
         _: &candle_core::CpuStorage,
         _: &Layout,
     ) -> Result<(candle_core::CpuStorage, Shape)> {
-        candle_core::bail!("nmt-smoothed-ce-grad-cuda runs on CUDA devices only")
+        candle_core::bail!("{} runs on CUDA devices only", self.name())
     }
 
     fn cuda_fwd(
@@ -477,21 +505,22 @@ impl CustomOp2 for SmoothedCrossEntropyGrad {
         let dev = x.device().clone();
         let (rows, v) = xl.shape().dims2()?;
         let ys = input::<u32>(labels, ll)?;
-        let (dy_storage, dyl) = self.dy.storage_and_layout();
-        let candle_core::Storage::Cuda(dy) = &*dy_storage else {
-            candle_core::bail!("nmt-smoothed-ce-grad-cuda: the gradient is not on the GPU")
-        };
-        let dys = input::<f32>(dy, dyl)?;
-        with_elem!(x.dtype(), T => {
-            let xs = input::<T>(x, xl)?;
-            let out = unsafe { dev.alloc::<T>(rows * v)? };
-            let func = dev.get_or_load_custom_func(&format!("smoothed_ce_bwd_{}", T::NAME), "nmt", PTX)?;
-            let mut b = func.builder();
-            let v32 = v as i32;
-            b.arg(&xs).arg(&ys).arg(&dys).arg(&out).arg(&v32).arg(&self.epsilon);
-            unsafe { b.launch(cfg(rows as u32, 256, 0)) }.w()?;
-            Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
-        })
+        with_cuda(
+            &self.dy,
+            "nmt-smoothed-ce-grad-cuda: the gradient",
+            |dy, dyl| {
+                let dys = input::<f32>(dy, dyl)?;
+                with_elem!(x.dtype(), T => {
+                    let xs = input::<T>(x, xl)?;
+                    let out = unsafe { dev.alloc::<T>(rows * v)? };
+                    let v32 = v as i32;
+                    launch!(dev, &format!("smoothed_ce_bwd_{}", T::NAME), cfg(rows as u32, 256, 0), |b| {
+                        b.arg(&xs).arg(&ys).arg(&dys).arg(&out).arg(&v32).arg(&self.epsilon);
+                    });
+                    Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+                })
+            },
+        )
     }
 }
 
@@ -558,17 +587,15 @@ pub struct AdamArgs {
 /// The device address of a contiguous tensor's first element.
 fn address<T: CudaDType + DeviceRepr>(t: &Tensor) -> Result<u64> {
     use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cuda(s) = &*storage else {
-        candle_core::bail!("Adam on CUDA: a tensor is not on the GPU")
-    };
-    if !layout.is_contiguous() {
-        candle_core::bail!("Adam on CUDA: a tensor is not contiguous");
-    }
-    let slice = s.as_cuda_slice::<T>()?;
-    let stream = s.device().cuda_stream();
-    let (ptr, _) = slice.device_ptr(&stream);
-    Ok(ptr + (layout.start_offset() * std::mem::size_of::<T>()) as u64)
+    with_cuda(t, "Adam on CUDA: a tensor", |s, layout| {
+        if !layout.is_contiguous() {
+            candle_core::bail!("Adam on CUDA: a tensor is not contiguous");
+        }
+        let slice = s.as_cuda_slice::<T>()?;
+        let stream = s.device().cuda_stream();
+        let (ptr, _) = slice.device_ptr(&stream);
+        Ok(ptr + (layout.start_offset() * std::mem::size_of::<T>()) as u64)
+    })
 }
 
 /// One Adam update of `params` (written in place) from `grads` (same order and dtype) and the
@@ -608,28 +635,25 @@ pub fn adam_update(
         let ptrs = dev.clone_htod(&ptrs)?;
         let grid = cfg(tables.chunks as u32, 256, 0);
         let (scale, clip_norm) = (a.scale as f32, a.clip_norm as f32);
-        let func = dev.get_or_load_custom_func(&format!("adam_norm_{}", T::NAME), "nmt", PTX)?;
-        let mut b = func.builder();
-        b.arg(&ptrs).arg(&tables.chunk_param).arg(&tables.chunk_start).arg(&tables.offsets).arg(&tables.lens);
-        match &tables.grad_mask { Some(m) => b.arg(m), None => b.arg(&null) };
-        b.arg(&scale).arg(&partial);
-        unsafe { b.launch(grid) }.w()?;
-        let func = dev.get_or_load_custom_func("adam_clip", "nmt", PTX)?;
-        let mut b = func.builder();
+        launch!(dev, &format!("adam_norm_{}", T::NAME), grid, |b| {
+            b.arg(&ptrs).arg(&tables.chunk_param).arg(&tables.chunk_start).arg(&tables.offsets).arg(&tables.lens);
+            match &tables.grad_mask { Some(m) => b.arg(m), None => b.arg(&null) };
+            b.arg(&scale).arg(&partial);
+        });
         let chunks = tables.chunks as i32;
-        b.arg(&partial).arg(&chunks).arg(&clip_norm).arg(&clip);
-        unsafe { b.launch(cfg(1, 256, 0)) }.w()?;
-        let func = dev.get_or_load_custom_func(&format!("adam_step_{}", T::NAME), "nmt", PTX)?;
-        let mut b = func.builder();
-        b.arg(&ptrs).arg(&n_params).arg(&tables.chunk_param).arg(&tables.chunk_start).arg(&tables.offsets).arg(&tables.lens);
-        match &tables.grad_mask { Some(m) => b.arg(m), None => b.arg(&null) };
-        b.arg(&tables.decay).arg(&state_ptr).arg(&n).arg(&clip).arg(&scale);
+        launch!(dev, "adam_clip", cfg(1, 256, 0), |b| {
+            b.arg(&partial).arg(&chunks).arg(&clip_norm).arg(&clip);
+        });
         let f = |x: f64| x as f32;
         let scalars = [f(a.beta1), f(1.0 - a.beta1), f(a.beta2), f(1.0 - a.beta2), f(a.eps), f(a.bc1), f(a.bc2), f(a.lr), f(a.lr * a.weight_decay)];
-        for x in &scalars {
-            b.arg(x);
-        }
-        unsafe { b.launch(grid) }.w()?;
+        launch!(dev, &format!("adam_step_{}", T::NAME), grid, |b| {
+            b.arg(&ptrs).arg(&n_params).arg(&tables.chunk_param).arg(&tables.chunk_start).arg(&tables.offsets).arg(&tables.lens);
+            match &tables.grad_mask { Some(m) => b.arg(m), None => b.arg(&null) };
+            b.arg(&tables.decay).arg(&state_ptr).arg(&n).arg(&clip).arg(&scale);
+            for x in &scalars {
+                b.arg(x);
+            }
+        });
         Ok::<(), candle_core::Error>(())
     })?;
     // The gradients and pointer table are freed in stream order, after the kernels ran.
