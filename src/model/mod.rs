@@ -156,13 +156,11 @@ impl Linear {
 
     /// Applies the layer, then ReLU when `relu` (fused on the CPU).
     pub fn forward_act(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let d_in = *dims.last().unwrap();
-        let x2 = x.reshape(((), d_in))?;
-        let y = match self.packed(x)? {
-            Some(p) => p.forward(&x2, relu)?,
-            None => ops::linear(&x2, &self.weight, &self.bias, relu)?,
+        let Some(p) = self.packed(x)? else {
+            return Ok(ops::linear(x, &self.weight, &self.bias, relu)?);
         };
+        let dims = x.dims().to_vec();
+        let y = p.forward(&x.reshape(((), dims[dims.len() - 1]))?, relu)?;
         let mut out = dims;
         *out.last_mut().unwrap() = self.bias.dims()[0];
         Ok(y.reshape(out)?)

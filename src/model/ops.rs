@@ -46,11 +46,15 @@ fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
     }
 }
 
-/// Whether this CPU has AVX-512F (detected once; the standard library caches it).
+/// Whether this CPU has AVX-512 F, DQ, BW and VL (every AVX-512 CPU since Skylake-SP and
+/// Zen 4; detected once, the standard library caches it).
 pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -66,7 +70,7 @@ pub(crate) fn has_avx512() -> bool {
 pub fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx512f")]
+        #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
         unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
@@ -176,12 +180,17 @@ fn layer_norm_rows(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
     y.par_chunks_mut(d * rows)
         .zip(x.par_chunks(d * rows))
         .for_each(|(yc, xc)| {
-            for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
-                let (mean, rstd) = row_stats(xr, eps);
-                for i in 0..d {
-                    yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
-                }
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
+                        let (mean, rstd) = row_stats(xr, eps);
+                        for i in 0..d {
+                            yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
+                        }
+                    }
+                },
+            )
         });
     y
 }
@@ -199,26 +208,31 @@ fn layer_norm_backward_rows(
     dx.par_chunks_mut(d * rows)
         .zip(x.par_chunks(d * rows).zip(dy.par_chunks(d * rows)))
         .map(|(dxc, (xc, dyc))| {
-            let mut dw = vec![0f32; d];
-            let mut db = vec![0f32; d];
-            let mut xhat = vec![0f32; d];
-            for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
-                let (mean, rstd) = row_stats(xr, eps);
-                let (mut s1, mut s2) = (0f32, 0f32);
-                for i in 0..d {
-                    xhat[i] = (xr[i] - mean) * rstd;
-                    let g = dyr[i] * w[i];
-                    s1 += g;
-                    s2 += g * xhat[i];
-                    dw[i] += dyr[i] * xhat[i];
-                    db[i] += dyr[i];
-                }
-                let (m1, m2) = (s1 / d as f32, s2 / d as f32);
-                for i in 0..d {
-                    dxr[i] = rstd * (dyr[i] * w[i] - m1 - xhat[i] * m2);
-                }
-            }
-            (dw, db)
+            wide(
+                #[inline(always)]
+                || {
+                    let mut dw = vec![0f32; d];
+                    let mut db = vec![0f32; d];
+                    let mut xhat = vec![0f32; d];
+                    for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
+                        let (mean, rstd) = row_stats(xr, eps);
+                        let (mut s1, mut s2) = (0f32, 0f32);
+                        for i in 0..d {
+                            xhat[i] = (xr[i] - mean) * rstd;
+                            let g = dyr[i] * w[i];
+                            s1 += g;
+                            s2 += g * xhat[i];
+                            dw[i] += dyr[i] * xhat[i];
+                            db[i] += dyr[i];
+                        }
+                        let (m1, m2) = (s1 / d as f32, s2 / d as f32);
+                        for i in 0..d {
+                            dxr[i] = rstd * (dyr[i] * w[i] - m1 - xhat[i] * m2);
+                        }
+                    }
+                    (dw, db)
+                },
+            )
         })
         // Partials summed in chunk order, not in the shape of whichever split tree the
         // scheduler made: the same inputs give the same gradients on every run.
@@ -883,19 +897,24 @@ impl CustomOp3 for ProjectedCrossEntropy {
                 .zip(stats[c0..c0 + rows].par_iter_mut())
                 .zip(self.labels[c0..c0 + rows].par_iter())
                 .for_each(|((row, st), &y)| {
-                    // One exponential per logit: e^(x − max) in place, then scaled to the
-                    // softmax for the gradient.
-                    let (max, mean, picked) =
-                        (row_max(row), row_sum(row) / v as f32, row[y as usize]);
-                    let sum = exp_shifted_sum(row, max);
-                    let lse = max + sum.ln();
-                    let nll = lse - picked;
-                    *st = [(1.0 - eps) * nll + eps * (lse - mean), nll];
-                    if self.with_grad {
-                        let (inv, uniform) = (1.0 / sum, eps / v as f32);
-                        row.iter_mut().for_each(|x| *x = *x * inv - uniform);
-                        row[y as usize] -= 1.0 - eps;
-                    }
+                    wide(
+                        #[inline(always)]
+                        || {
+                            // One exponential per logit: e^(x − max) in place, then scaled
+                            // to the softmax for the gradient.
+                            let (max, mean, picked) =
+                                (row_max(row), row_sum(row) / v as f32, row[y as usize]);
+                            let sum = exp_shifted_sum(row, max);
+                            let lse = max + sum.ln();
+                            let nll = lse - picked;
+                            *st = [(1.0 - eps) * nll + eps * (lse - mean), nll];
+                            if self.with_grad {
+                                let (inv, uniform) = (1.0 / sum, eps / v as f32);
+                                row.iter_mut().for_each(|x| *x = *x * inv - uniform);
+                                row[y as usize] -= 1.0 - eps;
+                            }
+                        },
+                    )
                 });
             if self.with_grad {
                 gemm_into(
@@ -1210,9 +1229,11 @@ impl CustomOp3 for LinearOp {
         }
         if self.relu {
             y.par_chunks_mut(16_384)
-                .for_each(|c| c.iter_mut().for_each(|v| *v = v.max(0.0)));
+                .for_each(|c| wide(|| c.iter_mut().for_each(|v| *v = v.max(0.0))));
         }
-        Ok((CpuStorage::F32(y), Shape::from((rows, n_out))))
+        let mut dims = l1.dims().to_vec();
+        *dims.last_mut().expect("linear input has a dimension") = n_out;
+        Ok((CpuStorage::F32(y), Shape::from(dims)))
     }
 
     fn bwd(
@@ -1223,13 +1244,13 @@ impl CustomOp3 for LinearOp {
         y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (rows, n_in) = x.dims2()?;
-        let n_out = w.dim(0)?;
+        let (n_out, n_in) = w.dims2()?;
+        let rows = x.elem_count() / n_in;
         let grad = LinearGrad {
             relu_out: self.relu.then(|| y.clone()),
         };
         let all = x.apply_op3_no_bwd(w, &dy.contiguous()?, &grad)?;
-        let dx = all.narrow(0, 0, rows * n_in)?.reshape((rows, n_in))?;
+        let dx = all.narrow(0, 0, rows * n_in)?.reshape(x.shape())?;
         let dw = all
             .narrow(0, rows * n_in, n_out * n_in)?
             .reshape((n_out, n_in))?;
@@ -1267,11 +1288,20 @@ impl CustomOp3 for LinearGrad {
             Some(y) => {
                 let guard = y.storage_and_layout();
                 let y = guarded_f32(&guard)?;
-                let mut m = Vec::new();
-                dy.par_iter()
-                    .zip(y)
-                    .map(|(d, y)| if *y > 0.0 { *d } else { 0.0 })
-                    .collect_into_vec(&mut m);
+                let mut m = vec![0f32; dy.len()];
+                m.par_chunks_mut(16_384)
+                    .zip(dy.par_chunks(16_384).zip(y.par_chunks(16_384)))
+                    .for_each(|(m, (d, y))| {
+                        wide(
+                            #[inline(always)]
+                            || {
+                                let (d, y) = (&d[..m.len()], &y[..m.len()]);
+                                for i in 0..m.len() {
+                                    m[i] = if y[i] > 0.0 { d[i] } else { 0.0 };
+                                }
+                            },
+                        )
+                    });
                 masked = m;
                 &masked[..]
             }
@@ -1281,11 +1311,16 @@ impl CustomOp3 for LinearGrad {
         let partial: Vec<Vec<f32>> = g
             .par_chunks(block)
             .map(|c| {
-                let mut s = vec![0f32; n_out];
-                for row in c.chunks(n_out) {
-                    s.iter_mut().zip(row).for_each(|(a, b)| *a += b);
-                }
-                s
+                wide(
+                    #[inline(always)]
+                    || {
+                        let mut s = vec![0f32; n_out];
+                        for row in c.chunks(n_out) {
+                            s.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+                        }
+                        s
+                    },
+                )
             })
             .collect();
         for p in partial {
@@ -1306,17 +1341,19 @@ impl CustomOp3 for LinearGrad {
     }
 }
 
-/// y = x Wᵀ + b (then ReLU when `relu`), x (N, in), W (out, in), b (out) → (N, out).
+/// y = x Wᵀ + b (then ReLU when `relu`), x (..., in), W (out, in), b (out) → (..., out). The
+/// fused op takes x in its own shape: a reshape around it would be two more graph nodes, each
+/// costing a zero-filled gradient buffer and an addition in the backward pass.
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, relu: bool) -> Result<Tensor> {
     if fused(x) {
         return x.contiguous()?.apply_op3(w, b, LinearOp { relu });
     }
-    let y = x.matmul(&w.t()?)?.broadcast_add(b)?;
-    if relu {
-        y.relu()
-    } else {
-        Ok(y)
-    }
+    let mut out = x.dims().to_vec();
+    let d_in = out.pop().expect("linear input has a dimension");
+    out.push(w.dim(0)?);
+    let y = x.reshape(((), d_in))?.matmul(&w.t()?)?.broadcast_add(b)?;
+    let y = if relu { y.relu()? } else { y };
+    y.reshape(out)
 }
 
 // ---------------------------------------------------------------- dropout
@@ -1339,26 +1376,38 @@ impl DropoutMask {
     /// Elements per parallel task (even: a draw covers two elements).
     const CHUNK: usize = 16_384;
 
-    /// out = [base +] x · mask, for the elements `start..start + x.len()` of the mask.
+    /// out = [base +] x · mask, for the elements `start..start + x.len()` of the mask (`start`
+    /// even). Draws are made a block at a time into an array and the elements then read their
+    /// halves from it: two loops without branches or cross-iteration state, which vectorise
+    /// (64-bit multiplies included, under [`wide`]).
     #[inline(always)]
     fn apply_at(&self, start: usize, x: &[f32], base: Option<&[f32]>, out: &mut [f32]) {
-        let factor = |half: u64| {
-            if half < self.threshold {
-                0.0
-            } else {
-                self.keep
+        const PAIRS: usize = 32;
+        debug_assert!(start.is_multiple_of(2));
+        let mut halves = [0u32; 2 * PAIRS];
+        let (threshold, keep) = (self.threshold, self.keep);
+        for (blk, o) in out.chunks_mut(2 * PAIRS).enumerate() {
+            let first = (start / 2 + blk * PAIRS) as u64 + 1;
+            for (t, h) in halves.chunks_exact_mut(2).enumerate() {
+                let r = self.rng.draw_at(first + t as u64);
+                h[0] = r as u32;
+                h[1] = (r >> 32) as u32;
             }
-        };
-        for (j, pair) in out.chunks_mut(2).enumerate() {
-            let i = start + 2 * j;
-            let r = self.rng.draw_at((i / 2) as u64 + 1);
-            for (k, o) in pair.iter_mut().enumerate() {
-                let m = factor(if k == 0 { r & 0xffff_ffff } else { r >> 32 });
-                let v = x[2 * j + k] * m;
-                *o = match base {
-                    Some(b) => b[2 * j + k] + v,
-                    None => v,
-                };
+            let at = blk * 2 * PAIRS;
+            let xs = &x[at..at + o.len()];
+            let factor = |h: u32| if (h as u64) < threshold { 0.0 } else { keep };
+            match base {
+                Some(b) => {
+                    let bs = &b[at..at + o.len()];
+                    for i in 0..o.len() {
+                        o[i] = bs[i] + xs[i] * factor(halves[i]);
+                    }
+                }
+                None => {
+                    for i in 0..o.len() {
+                        o[i] = xs[i] * factor(halves[i]);
+                    }
+                }
             }
         }
     }
@@ -1371,7 +1420,10 @@ impl DropoutMask {
             .for_each(|(c, o)| {
                 let at = c * Self::CHUNK;
                 let b = base.map(|b| &b[at..at + o.len()]);
-                self.apply_at(at, &x[at..at + o.len()], b, o);
+                wide(
+                    #[inline(always)]
+                    || self.apply_at(at, &x[at..at + o.len()], b, o),
+                );
             });
         out
     }

@@ -1,7 +1,7 @@
 //! Adam with decoupled weight decay, gradient-norm clipping, and a state that is saved and
 //! restored exactly (candle's VarMap saves weights only).
 
-use crate::model::ops::slice;
+use crate::model::ops::{slice, wide};
 use anyhow::{bail, Context, Result};
 use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Tensor, Var};
 use rayon::prelude::*;
@@ -473,14 +473,22 @@ impl InplaceOp2 for AdamStep<'_> {
             .zip(w.par_chunks_mut(CHUNK))
             .zip(g.par_chunks(CHUNK).zip(wd.par_chunks(CHUNK)))
             .for_each(|(((m, v), w), (g, wd))| {
-                for i in 0..m.len() {
-                    let gi = g[i] * s.clip;
-                    m[i] = m[i] * s.beta1 + gi * (1.0 - s.beta1);
-                    v[i] = v[i] * s.beta2 + gi * gi * (1.0 - s.beta2);
-                    let step = (m[i] / s.bc1) / ((v[i] / s.bc2).sqrt() + s.eps);
-                    let theta = w[i];
-                    w[i] = theta - step * s.lr - theta * f32::from(wd[i]) * s.decay;
-                }
+                wide(
+                    #[inline(always)]
+                    || {
+                        // Equal lengths made visible, so that the loop has no bounds checks.
+                        let k = m.len();
+                        let (v, w, g, wd) = (&mut v[..k], &mut w[..k], &g[..k], &wd[..k]);
+                        for i in 0..k {
+                            let gi = g[i] * s.clip;
+                            m[i] = m[i] * s.beta1 + gi * (1.0 - s.beta1);
+                            v[i] = v[i] * s.beta2 + gi * gi * (1.0 - s.beta2);
+                            let step = (m[i] / s.bc1) / ((v[i] / s.bc2).sqrt() + s.eps);
+                            let theta = w[i];
+                            w[i] = theta - step * s.lr - theta * f32::from(wd[i]) * s.decay;
+                        }
+                    },
+                )
             });
         Ok(())
     }
