@@ -683,12 +683,19 @@ impl Seq2Seq {
     /// Scaled token embeddings plus positions `offset..offset+T`: (B, T) ids → (B, T, d).
     fn embed(&self, ids: &Tensor, offset: usize, drop: &Dropout) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
+        let pos = self.positions.narrow(0, offset, t)?;
+        let p = self.config.dropout;
+        if ops::fused(&self.shared) && ids.dtype() == DType::U32 {
+            let mask = drop.mask(b * t * self.config.d_model, p);
+            if let Some(y) = ops::embed(&self.shared, ids, &pos, self.embed_scale, mask)? {
+                return Ok(y);
+            }
+        }
         let emb = ops::select_rows(&self.shared, &ids.flatten_all()?)?.reshape((
             b,
             t,
             self.config.d_model,
         ))?;
-        let pos = self.positions.narrow(0, offset, t)?;
         drop.apply(
             &(emb * self.embed_scale)?.broadcast_add(&pos)?,
             self.config.dropout,

@@ -379,6 +379,138 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     normed.broadcast_mul(w)?.broadcast_add(b)
 }
 
+/// (table[ids] · scale + positions) · mask as one op: the scaled token embeddings plus the
+/// positions, with dropout. In Candle's primitives that is a row gather, a reshape, a scaling,
+/// a broadcast addition and the dropout: five graph nodes, each costing the backward pass a
+/// zero-filled gradient buffer and an addition. The gradient reaches only the table.
+struct EmbedOp {
+    scale: f32,
+    mask: Option<DropoutMask>,
+}
+
+impl CustomOp3 for EmbedOp {
+    fn name(&self) -> &'static str {
+        "nmt-embed"
+    }
+
+    /// table (V, d), ids (B, T), positions (T, d) → (B, T, d).
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (table, ids, pos) = (slice(s1, l1)?, u32_slice(s2, l2)?, slice(s3, l3)?);
+        let (v, d) = (l1.dims()[0], l1.dims()[1]);
+        let (b, t) = (l2.dims()[0], l2.dims()[1]);
+        if pos.len() != t * d {
+            candle_core::bail!("embed: positions for {} of {t} steps", pos.len() / d.max(1));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
+            candle_core::bail!("embed: id {id} is outside the vocabulary of {v}");
+        }
+        let mut y = vec![0f32; b * t * d];
+        y.par_chunks_mut(rows_per_task(d) * d)
+            .enumerate()
+            .for_each(|(c, yc)| {
+                let r0 = c * rows_per_task(d);
+                for (r, yr) in yc.chunks_mut(d).enumerate() {
+                    let (id, step) = (ids[r0 + r] as usize, (r0 + r) % t);
+                    let (e, p) = (&table[id * d..(id + 1) * d], &pos[step * d..(step + 1) * d]);
+                    for j in 0..d {
+                        yr[j] = e[j] * self.scale + p[j];
+                    }
+                }
+            });
+        let y = match &self.mask {
+            Some(m) => m.apply(&y, None),
+            None => y,
+        };
+        Ok((CpuStorage::F32(y), Shape::from((b, t, d))))
+    }
+
+    fn bwd(
+        &self,
+        table: &Tensor,
+        ids: &Tensor,
+        _pos: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (v, d) = table.dims2()?;
+        let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+        let dy = dy.contiguous()?;
+        let mut grad = vec![0f32; v * d];
+        with_host_f32(&dy, |dy| {
+            let dy = match &self.mask {
+                Some(m) => std::borrow::Cow::Owned(m.apply(dy, None)),
+                None => std::borrow::Cow::Borrowed(dy),
+            };
+            // Threads own column ranges of the table; each walks the ids in order, so every
+            // entry sums its contributions in one fixed order (an index-add's).
+            let cols = d.div_ceil(rayon::current_num_threads().max(1)).max(16);
+            let grad = Dst(grad.as_mut_ptr());
+            (0..d.div_ceil(cols)).into_par_iter().for_each(|c| {
+                let (j0, j1) = (c * cols, ((c + 1) * cols).min(d));
+                for (i, &id) in ids.iter().enumerate() {
+                    let at = id as usize * d;
+                    for (j, s) in dy[i * d..(i + 1) * d].iter().enumerate().take(j1).skip(j0) {
+                        // SAFETY: ids were checked against the vocabulary in the forward
+                        // pass, so at + j < v·d; tasks write disjoint column ranges.
+                        unsafe { *grad.at(at + j) += s * self.scale };
+                    }
+                }
+            });
+        })?;
+        let grad = Tensor::from_vec(grad, (v, d), table.device())?;
+        Ok((Some(grad), None, None))
+    }
+}
+
+/// A pointer to an output that parallel tasks write in disjoint parts.
+#[derive(Clone, Copy)]
+struct Dst(*mut f32);
+// SAFETY: users hand each task a disjoint part of the output.
+unsafe impl Send for Dst {}
+unsafe impl Sync for Dst {}
+
+impl Dst {
+    /// The element at `i`.
+    ///
+    /// # Safety
+    /// `i` lies inside the output, and no other task touches that element meanwhile.
+    unsafe fn at(&self, i: usize) -> *mut f32 {
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// Scaled embeddings of `ids` (B, T) from `table` (V, d) plus `positions` (T, d), then
+/// dropout with `mask`: (B, T, d). One op on the CPU in f32 (the gradient to the table only);
+/// `None` elsewhere, where the caller composes Candle's ops.
+pub fn embed(
+    table: &Tensor,
+    ids: &Tensor,
+    positions: &Tensor,
+    scale: f64,
+    mask: Option<DropoutMask>,
+) -> Result<Option<Tensor>> {
+    if !fused(table) || ids.dtype() != DType::U32 {
+        return Ok(None);
+    }
+    let op = EmbedOp {
+        scale: scale as f32,
+        mask,
+    };
+    Ok(Some(table.contiguous()?.apply_op3(
+        &ids.contiguous()?,
+        &positions.contiguous()?,
+        op,
+    )?))
+}
+
 /// Rows `ids` (N,) of a table `w` (V, d) → (N, d): an embedding lookup, or a gather of
 /// hidden states. On CUDA with u32 ids the gradient is summed by nmt's kernels (Candle's
 /// index_add walks all ids once per column, milliseconds for a batch).
@@ -1900,6 +2032,44 @@ pub(crate) mod tests {
         }
         let kept = values.iter().filter(|&&v| v > 0.0).count() as f64 / n as f64;
         assert!((kept - 0.7).abs() < 0.01, "kept {kept}");
+    }
+
+    #[test]
+    fn embedding_with_positions_and_dropout_matches_the_composite() {
+        // Repeated ids (their gradients add up) and an id that never occurs (zero gradient).
+        let (b, t, d, v) = (3, 4, 8, 7);
+        let ids: Vec<u32> = vec![1, 2, 2, 0, 5, 1, 1, 3, 6, 0, 2, 5];
+        let ids = Tensor::from_vec(ids, (b, t), &Device::Cpu).unwrap();
+        let pos = randn(&[t, d], 26);
+        let (mask, values) = test_mask(b * t * d);
+        let values = values.reshape((b, t, d)).unwrap();
+        for m in [None, Some(mask)] {
+            check(
+                |x| match x[0].dtype() {
+                    DType::F32 => embed(&x[0], &ids, &pos, 2.5, m).unwrap().unwrap(),
+                    dt => {
+                        let e = x[0]
+                            .embedding(&ids.flatten_all().unwrap())
+                            .unwrap()
+                            .reshape((b, t, d))
+                            .unwrap();
+                        let y = (e * 2.5)
+                            .unwrap()
+                            .broadcast_add(&pos.to_dtype(dt).unwrap())
+                            .unwrap();
+                        match m {
+                            Some(_) => (y * values.to_dtype(dt).unwrap()).unwrap(),
+                            None => y,
+                        }
+                    }
+                },
+                &[randn(&[v, d], 27)],
+                &randn(&[b, t, d], 28),
+            );
+        }
+        let bad = Tensor::from_vec(vec![0u32, 7], (1, 2), &Device::Cpu).unwrap();
+        let err = embed(&randn(&[v, d], 27), &bad, &randn(&[2, d], 29), 1.0, None).unwrap_err();
+        assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     }
 
     #[test]
