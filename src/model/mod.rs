@@ -685,11 +685,9 @@ impl Seq2Seq {
         let (b, t) = ids.dims2()?;
         let pos = self.positions.narrow(0, offset, t)?;
         let p = self.config.dropout;
-        if ops::fused(&self.shared) && ids.dtype() == DType::U32 {
+        if ops::embeds_fused(&self.shared, ids) {
             let mask = drop.mask(b * t * self.config.d_model, p);
-            if let Some(y) = ops::embed(&self.shared, ids, &pos, self.embed_scale, mask)? {
-                return Ok(y);
-            }
+            return Ok(ops::embed(&self.shared, ids, &pos, self.embed_scale, mask)?);
         }
         let emb = ops::select_rows(&self.shared, &ids.flatten_all()?)?.reshape((
             b,

@@ -488,27 +488,30 @@ impl Dst {
 }
 
 /// Scaled embeddings of `ids` (B, T) from `table` (V, d) plus `positions` (T, d), then
-/// dropout with `mask`: (B, T, d). One op on the CPU in f32 (the gradient to the table only);
-/// `None` elsewhere, where the caller composes Candle's ops.
+/// dropout with `mask`: (B, T, d), as one op; the gradient reaches the table only. For a CPU
+/// f32 table and u32 ids (see [`embeds_fused`]); elsewhere the caller composes Candle's ops.
 pub fn embed(
     table: &Tensor,
     ids: &Tensor,
     positions: &Tensor,
     scale: f64,
     mask: Option<DropoutMask>,
-) -> Result<Option<Tensor>> {
-    if !fused(table) || ids.dtype() != DType::U32 {
-        return Ok(None);
+) -> Result<Tensor> {
+    if !embeds_fused(table, ids) {
+        candle_core::bail!("embed: needs a CPU f32 table and u32 ids");
     }
     let op = EmbedOp {
         scale: scale as f32,
         mask,
     };
-    Ok(Some(table.contiguous()?.apply_op3(
-        &ids.contiguous()?,
-        &positions.contiguous()?,
-        op,
-    )?))
+    table
+        .contiguous()?
+        .apply_op3(&ids.contiguous()?, &positions.contiguous()?, op)
+}
+
+/// Whether [`embed`] serves this table and these ids.
+pub fn embeds_fused(table: &Tensor, ids: &Tensor) -> bool {
+    fused(table) && ids.dtype() == DType::U32
 }
 
 /// Rows `ids` (N,) of a table `w` (V, d) → (N, d): an embedding lookup, or a gather of
@@ -2046,7 +2049,7 @@ pub(crate) mod tests {
         for m in [None, Some(mask)] {
             check(
                 |x| match x[0].dtype() {
-                    DType::F32 => embed(&x[0], &ids, &pos, 2.5, m).unwrap().unwrap(),
+                    DType::F32 => embed(&x[0], &ids, &pos, 2.5, m).unwrap(),
                     dt => {
                         let e = x[0]
                             .embedding(&ids.flatten_all().unwrap())
