@@ -452,7 +452,7 @@ impl CustomOp3 for EmbedOp {
             // Threads own column ranges of the table; each walks the ids in order, so every
             // entry sums its contributions in one fixed order (an index-add's).
             let cols = d.div_ceil(rayon::current_num_threads().max(1)).max(16);
-            let grad = Dst(grad.as_mut_ptr());
+            let grad = OutPtr(grad.as_mut_ptr());
             (0..d.div_ceil(cols)).into_par_iter().for_each(|c| {
                 let (j0, j1) = (c * cols, ((c + 1) * cols).min(d));
                 for (i, &id) in ids.iter().enumerate() {
@@ -470,19 +470,17 @@ impl CustomOp3 for EmbedOp {
     }
 }
 
-/// A pointer to an output that parallel tasks write in disjoint parts.
-#[derive(Clone, Copy)]
-struct Dst(*mut f32);
-// SAFETY: users hand each task a disjoint part of the output.
-unsafe impl Send for Dst {}
-unsafe impl Sync for Dst {}
+/// An output shared by parallel tasks, each writing its own disjoint elements.
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+// SAFETY: every user hands each task disjoint elements of the output.
+unsafe impl Sync for OutPtr {}
 
-impl Dst {
+impl OutPtr {
     /// The element at `i`.
     ///
     /// # Safety
     /// `i` lies inside the output, and no other task touches that element meanwhile.
-    unsafe fn at(&self, i: usize) -> *mut f32 {
+    pub(crate) unsafe fn at(&self, i: usize) -> *mut f32 {
         unsafe { self.0.add(i) }
     }
 }
@@ -1363,8 +1361,12 @@ impl CustomOp3 for LinearOp {
             gemm_into(rows, n_out, n_in, &mut y, true, x, n_in, 1, w, 1, n_in);
         }
         if self.relu {
-            y.par_chunks_mut(16_384)
-                .for_each(|c| wide(|| c.iter_mut().for_each(|v| *v = v.max(0.0))));
+            y.par_chunks_mut(16_384).for_each(|c| {
+                wide(
+                    #[inline(always)]
+                    || c.iter_mut().for_each(|v| *v = v.max(0.0)),
+                )
+            });
         }
         let mut dims = l1.dims().to_vec();
         *dims.last_mut().expect("linear input has a dimension") = n_out;

@@ -8,6 +8,7 @@
 //! the general path. It owns only the packed copies: trainable weights, which change at every
 //! step, must not be packed (`Linear` packs only weights loaded from a file).
 
+use super::ops::OutPtr;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -97,7 +98,7 @@ impl Packed {
         let panel = self.panels.as_ptr().add(p * self.k * PANEL);
         let bias = self.bias.as_ptr().add(p * PANEL);
         let cols = PANEL.min(self.n_out - p * PANEL);
-        let y = out.0.add(p * PANEL);
+        let y = out.at(p * PANEL);
         let mut r0 = 0;
         while r0 < rows {
             let n = TILE_ROWS.min(rows - r0);
@@ -131,11 +132,6 @@ impl Packed {
         unreachable!("packed linear layers are only built where the kernel runs")
     }
 }
-
-/// The output pointer, shared by the parallel panels (each writes its own columns).
-struct OutPtr(*mut f32);
-// SAFETY: see `Packed::run`: concurrent writers touch disjoint elements.
-unsafe impl Sync for OutPtr {}
 
 /// One kernel call: R rows (consecutive, `k` apart) of x times one panel.
 struct Tile {
