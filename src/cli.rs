@@ -23,6 +23,8 @@ pub enum Command {
     /// Train a subword vocabulary; encode or decode text with one.
     #[command(subcommand)]
     Tokenize(TokenizeCommand),
+    /// Tokenize a parallel corpus once into a store that `nmt train --data` reads.
+    Prepare(PrepareArgs),
     /// Train a Transformer translation model.
     Train(Box<TrainArgs>),
     /// Translate sentences from stdin to stdout, one per line.
@@ -62,6 +64,39 @@ pub struct TokenizeTrainArgs {
     /// BPE only: never merge a pair seen fewer times than this.
     #[arg(long, value_name = "N")]
     pub min_frequency: Option<u64>,
+    /// Train on at most N lines sampled uniformly from all inputs (bounded memory and time on
+    /// huge corpora); smaller inputs are used whole.
+    #[arg(long, value_name = "N", default_value_t = crate::data::tokenizer::DEFAULT_MAX_LINES)]
+    pub max_lines: usize,
+    /// Seed of the --max-lines sample.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// `nmt prepare`
+#[derive(Debug, Args)]
+pub struct PrepareArgs {
+    /// Source text file (plain or gzip).
+    #[arg(long, value_name = "FILE")]
+    pub src: PathBuf,
+    /// Target text file, line-aligned with --src.
+    #[arg(long, value_name = "FILE")]
+    pub tgt: PathBuf,
+    /// The tokenizer.json to tokenize with (or a model folder holding one).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: PathBuf,
+    /// The store folder to create.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Drop pairs with a side longer than N tokens (`</s>` included).
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_len: usize,
+    /// Drop pairs whose longer side has more than R times the tokens of the shorter.
+    #[arg(long, value_name = "R")]
+    pub max_len_ratio: Option<f64>,
+    /// Replace an existing store at --out.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `nmt tokenize encode|decode`
@@ -171,19 +206,24 @@ pub enum DtypeArg {
 /// `nmt train`
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Training source file (plain or gzip).
-    #[arg(long, value_name = "FILE")]
-    pub src: PathBuf,
+    /// Training source file (plain or gzip); prepared into DIR/data/train the first time.
+    #[arg(long, value_name = "FILE", requires = "tgt")]
+    pub src: Option<PathBuf>,
     /// Training target file, line-aligned with --src.
-    #[arg(long, value_name = "FILE")]
-    pub tgt: PathBuf,
+    #[arg(long, value_name = "FILE", requires = "src")]
+    pub tgt: Option<PathBuf>,
+    /// A corpus prepared by `nmt prepare`, instead of --src/--tgt. Several weighted corpora
+    /// go in the config's `corpora` list.
+    #[arg(long, value_name = "STORE", conflicts_with_all = ["src", "tgt"])]
+    pub data: Option<PathBuf>,
     /// Validation source file.
     #[arg(long, value_name = "FILE", requires = "valid_tgt")]
     pub valid_src: Option<PathBuf>,
     /// Validation target file.
     #[arg(long, value_name = "FILE", requires = "valid_src")]
     pub valid_tgt: Option<PathBuf>,
-    /// A tokenizer.json; without it, one is trained on --src and --tgt with --vocab-size.
+    /// A tokenizer.json; without it, a prepared corpus's own is used, or one is trained on the
+    /// training text with --vocab-size.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Output folder: checkpoints/, last/, best/, metrics.jsonl.
@@ -222,6 +262,9 @@ pub struct TrainArgs {
     /// Padded tokens per batch.
     #[arg(long)]
     pub max_tokens: Option<usize>,
+    /// Longest training sentence in tokens (`</s>` included); longer pairs are skipped.
+    #[arg(long)]
+    pub max_len: Option<usize>,
     /// Batches per update (gradient accumulation).
     #[arg(long)]
     pub accum: Option<usize>,

@@ -2,16 +2,17 @@
 //! library modules; no algorithm lives here.
 
 use crate::cli::{
-    AverageArgs, DeviceArg, DtypeArg, EncodeArgs, EvalArgs, MetricName, TokenizeCommand,
-    TokenizeTrainArgs, TrainArgs, TranslateArgs,
+    AverageArgs, DeviceArg, DtypeArg, EncodeArgs, EvalArgs, MetricName, PrepareArgs,
+    TokenizeCommand, TokenizeTrainArgs, TrainArgs, TranslateArgs,
 };
 use crate::data::corpus::{read_corpus, Corpus, LineReader};
+use crate::data::store::Filters;
 use crate::data::tokenizer::{self, SubwordTokenizer, TrainOptions};
 use crate::eval::bleu::Bleu;
 use crate::eval::chrf::Chrf;
 use crate::eval::tokenizers::py_rstrip;
 use crate::eval::{paired_bootstrap, Bootstrap, Metric};
-use crate::train::config::TrainConfig;
+use crate::train::config::{CorpusConfig, TrainConfig};
 use crate::train::{Outcome, TrainJob};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
@@ -52,6 +53,8 @@ fn tokenize_train(args: TokenizeTrainArgs) -> Result<()> {
         model: args.model,
         min_frequency: args.min_frequency,
         show_progress: std::io::stderr().is_terminal(),
+        max_lines: args.max_lines,
+        seed: args.seed,
     };
     let tok = tokenizer::train(&args.inputs, &opts)?;
     tok.save(&args.output)?;
@@ -367,6 +370,7 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
         ffn_dim,
         dropout,
         max_tokens,
+        max_len,
         accum,
         lr,
         warmup,
@@ -394,7 +398,39 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     if args.patience.is_some() {
         c.patience = args.patience;
     }
+    if let (Some(src), Some(tgt)) = (&args.src, &args.tgt) {
+        c.corpora = vec![CorpusConfig::text("train", src.clone(), tgt.clone())];
+    } else if let Some(store) = &args.data {
+        c.corpora = vec![CorpusConfig::store("train", store.clone())];
+    }
+    if c.corpora.is_empty() {
+        bail!("no training data: give --src and --tgt, --data STORE, or `corpora` in the config");
+    }
     Ok(c)
+}
+
+/// `nmt prepare`
+pub fn prepare(args: PrepareArgs) -> Result<()> {
+    if args.out.exists() && !args.force {
+        bail!(
+            "{} already exists: use --force to replace it, or another --out",
+            args.out.display()
+        );
+    }
+    let tok = SubwordTokenizer::load(&tokenizer_path(&args.tokenizer))?;
+    let filters = Filters {
+        max_len: args.max_len,
+        max_len_ratio: args.max_len_ratio,
+    };
+    let store = crate::data::prepare::prepare(&args.src, &args.tgt, &tok, &filters, &args.out)?;
+    let m = &store.manifest;
+    eprintln!(
+        "{}\nprepared in {:.1} s ({:.0} pairs/s)",
+        store.summary(),
+        m.seconds,
+        m.lines as f64 / m.seconds.max(1e-9)
+    );
+    Ok(())
 }
 
 /// `nmt train`; returns the exit code (130 after Ctrl-C, with `last/` saved).
@@ -411,8 +447,6 @@ pub fn train(args: TrainArgs) -> Result<i32> {
     .context("installing the Ctrl-C handler")?;
     let job = TrainJob {
         config: train_config(&args)?,
-        train_src: args.src,
-        train_tgt: args.tgt,
         valid: args.valid_src.zip(args.valid_tgt),
         tokenizer: args.tokenizer,
         out: args.out,

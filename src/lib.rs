@@ -9,6 +9,7 @@ pub mod eval;
 pub mod hub;
 pub mod io;
 pub mod model;
+pub mod progress;
 pub mod rng;
 pub mod runtime;
 pub mod train;

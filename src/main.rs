@@ -11,6 +11,7 @@ fn main() {
     let cli = Cli::parse();
     let result = on_worker(move || match cli.command {
         Command::Tokenize(cmd) => commands::tokenize(cmd).map(|()| 0),
+        Command::Prepare(args) => commands::prepare(args).map(|()| 0),
         Command::Train(args) => commands::train(*args),
         Command::Translate(args) => commands::translate(args).map(|()| 0),
         Command::Average(args) => commands::average(args).map(|()| 0),

@@ -5,8 +5,10 @@
 use anyhow::{bail, Context, Result};
 use flate2::read::MultiGzDecoder;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Streams the lines of one corpus file, plain or gzip.
 pub struct LineReader {
@@ -16,35 +18,66 @@ pub struct LineReader {
     empty: usize,
     offset: u64,
     buf: Vec<u8>,
+    file_bytes: Arc<AtomicU64>,
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
 }
 
 /// Opens `path` for reading, checking that it is a readable regular file; gzip is detected
 /// from its first two bytes (0x1f 0x8b), not its name.
 pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+    Ok(open_counted(path)?.0)
+}
+
+/// [`open`], with a counter of the bytes read from the file itself (compressed bytes for
+/// gzip): progress against the file's size.
+fn open_counted(path: &Path) -> Result<(Box<dyn BufRead + Send>, Arc<AtomicU64>)> {
     let meta =
         std::fs::metadata(path).with_context(|| format!("{}: cannot open", path.display()))?;
     if meta.is_dir() {
         bail!("{}: is a directory, expected a text file", path.display());
     }
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let count = Arc::new(AtomicU64::new(0));
+    let file = Counted {
+        inner: file,
+        count: count.clone(),
+    };
     let mut reader = BufReader::with_capacity(1 << 16, file);
     let magic = reader
         .fill_buf()
         .with_context(|| format!("{}: cannot read", path.display()))?;
-    if magic.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(BufReader::with_capacity(
+    let reader: Box<dyn BufRead + Send> = if magic.starts_with(&[0x1f, 0x8b]) {
+        Box::new(BufReader::with_capacity(
             1 << 16,
             MultiGzDecoder::new(reader),
-        )))
+        ))
     } else {
-        Ok(Box::new(reader))
-    }
+        Box::new(reader)
+    };
+    Ok((reader, count))
 }
 
 impl LineReader {
     /// Opens a corpus file; see [`open`].
     pub fn open(path: &Path) -> Result<Self> {
-        Ok(Self::from_reader(path, open(path)?))
+        let (reader, count) = open_counted(path)?;
+        Ok(Self {
+            file_bytes: count,
+            ..Self::from_reader(path, reader)
+        })
     }
 
     /// Reads lines from any buffered reader (stdin, say); `path` names it in errors.
@@ -56,7 +89,14 @@ impl LineReader {
             empty: 0,
             offset: 0,
             buf: Vec::new(),
+            file_bytes: Arc::default(),
         }
+    }
+
+    /// Bytes read so far from the file itself (compressed bytes for gzip; 0 for a reader
+    /// that is not a file): progress against the file's size.
+    pub fn file_bytes_read(&self) -> u64 {
+        self.file_bytes.load(Ordering::Relaxed)
     }
 
     /// The number of lines returned so far.

@@ -13,12 +13,17 @@
 
 use crate::data::corpus::LineReader;
 use crate::data::opus::{self, OpusVocab};
+use crate::progress::Progress;
+use crate::rng::Rng;
 use anyhow::{anyhow, bail, Result};
 use rayon::prelude::*;
 use serde_json::json;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::unigram::{Unigram, UnigramTrainerBuilder};
 use tokenizers::models::TrainerWrapper;
@@ -53,12 +58,60 @@ pub struct TrainOptions {
     pub min_frequency: Option<u64>,
     /// Draw a progress bar on stderr.
     pub show_progress: bool,
+    /// Train on at most this many lines, sampled uniformly (seeded) from all inputs, so that
+    /// huge corpora train in bounded memory and time (SentencePiece's
+    /// `input_sentence_size`, Marian's `--sentencepiece-max-lines`). Inputs with fewer
+    /// lines are used whole, in order.
+    pub max_lines: usize,
+    /// Seed of the sample.
+    pub seed: u64,
+}
+
+/// Lines sampled for tokenizer training unless told otherwise (Marian's default).
+pub const DEFAULT_MAX_LINES: usize = 2_000_000;
+
+/// Reads every line of `readers` and keeps a uniform sample of at most `max` of them
+/// (reservoir sampling), returned in input order.
+fn sample_lines(readers: &mut [LineReader], max: usize, seed: u64) -> Result<Vec<String>> {
+    let total: u64 = readers
+        .iter()
+        .map(|r| std::fs::metadata(r.path()).map_or(0, |m| m.len()))
+        .sum();
+    let progress = Progress::bytes("reading tokenizer training text", total);
+    let mut rng = Rng::new(seed);
+    let mut kept: Vec<(usize, String)> = Vec::new();
+    let (mut seen, mut done_bytes) = (0usize, 0u64);
+    for r in readers.iter_mut() {
+        while let Some(line) = r.next_line()? {
+            if kept.len() < max {
+                kept.push((seen, line));
+            } else {
+                let j = rng.below(seen + 1);
+                if j < max {
+                    kept[j] = (seen, line);
+                }
+            }
+            seen += 1;
+            if seen.is_multiple_of(1 << 16) {
+                progress.set(done_bytes + r.file_bytes_read(), || format!("{seen} lines"));
+            }
+        }
+        done_bytes += r.file_bytes_read();
+    }
+    progress.finish();
+    if seen > max {
+        eprintln!("training the tokenizer on {max} of {seen} lines (sampled, seed {seed})");
+    }
+    kept.sort_unstable_by_key(|(i, _)| *i);
+    Ok(kept.into_iter().map(|(_, l)| l).collect())
 }
 
 /// A loaded subword tokenizer with the ids of its special tokens.
 #[derive(Clone)]
 pub struct SubwordTokenizer {
     backend: Backend,
+    /// Set when a line's ids are its space-separated words' ids one after the other.
+    words: Option<WordSplit>,
     /// Where it was loaded from (for error messages).
     pub path: PathBuf,
     /// Id of `</s>`.
@@ -75,6 +128,30 @@ pub struct SubwordTokenizer {
 enum Backend {
     Hf(Box<Tokenizer>),
     Opus(Arc<OpusVocab>),
+}
+
+/// What [`SubwordTokenizer::encode_ids_cached`] needs: nmt's own pipeline encodes a line as
+/// the concatenation of its space-separated words (each space becomes the `▁` that starts
+/// the next piece; an empty word, between two spaces, is a lone `▁`).
+#[derive(Clone)]
+struct WordSplit {
+    /// Identifies the tokenizer in the per-thread caches.
+    id: u64,
+    /// The ids of a lone `▁`.
+    lone_space: Vec<u32>,
+    /// The added tokens' texts: a line holding one is encoded whole (they split words).
+    added: Vec<String>,
+}
+
+/// Tokenizers get distinct cache ids.
+static NEXT_TOKENIZER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A per-thread cache holds at most this many words before it starts over.
+const WORD_CACHE_LIMIT: usize = 1 << 20;
+
+thread_local! {
+    /// Words already encoded on this thread, and the tokenizer they belong to.
+    static WORDS: RefCell<(u64, HashMap<String, Vec<u32>>)> = RefCell::new((0, HashMap::new()));
 }
 
 fn byte_pieces() -> impl Iterator<Item = String> {
@@ -150,22 +227,12 @@ pub fn train(inputs: &[PathBuf], opts: &TrainOptions) -> Result<SubwordTokenizer
         .map_err(|e| anyhow!("tokenizer normalizer: {e}"))?;
     tok.with_pre_tokenizer(Some(pre_tokenizer))
         .with_decoder(Some(decoder));
-    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
-    let lines = readers
-        .iter_mut()
-        .flat_map(|r| r.by_ref())
-        .map_while(|line| match line {
-            Ok(l) => Some(l),
-            Err(e) => {
-                *failure.lock().unwrap() = Some(e);
-                None
-            }
-        });
-    tok.train(&mut trainer, lines)
-        .map_err(|e| anyhow!("training the tokenizer failed: {e}"))?;
-    if let Some(e) = failure.into_inner().unwrap() {
-        return Err(e);
+    if opts.max_lines == 0 {
+        bail!("--max-lines must be at least 1");
     }
+    let lines = sample_lines(&mut readers, opts.max_lines, opts.seed)?;
+    tok.train(&mut trainer, lines.into_iter())
+        .map_err(|e| anyhow!("training the tokenizer failed: {e}"))?;
     if readers.iter().all(|r| r.empty_lines() == r.line_no()) {
         let names: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
         bail!(
@@ -239,6 +306,7 @@ impl SubwordTokenizer {
             pad_id: id(PAD),
             path: vocab.path.clone(),
             backend: Backend::Opus(Arc::new(vocab)),
+            words: None,
         })
     }
 
@@ -249,27 +317,92 @@ impl SubwordTokenizer {
                 .token_to_id(piece)
                 .ok_or_else(|| anyhow!("{}: tokenizer has no {piece} token", path.display()))
         };
-        Ok(Self {
+        let (normalizer, pre_tokenizer, _) = pipeline()?;
+        let ours = serde_json::to_value(inner.get_normalizer())?
+            == serde_json::to_value(Some(&normalizer))?
+            && serde_json::to_value(inner.get_pre_tokenizer())?
+                == serde_json::to_value(Some(&pre_tokenizer))?;
+        let mut tok = Self {
             eos_id: id(EOS)?,
             unk_id: id(UNK)?,
             pad_id: id(PAD)?,
             path: path.to_path_buf(),
             backend: Backend::Hf(Box::new(inner)),
+            words: None,
+        };
+        if ours {
+            let two = tok.encode_ids(" ")?;
+            let (a, b) = two.split_at(two.len() / 2);
+            let Backend::Hf(inner) = &tok.backend else {
+                unreachable!("built above")
+            };
+            let added = inner
+                .get_added_tokens_decoder()
+                .values()
+                .map(|t| t.content.clone())
+                .collect();
+            if !a.is_empty() && a == b {
+                tok.words = Some(WordSplit {
+                    id: NEXT_TOKENIZER_ID.fetch_add(1, Ordering::Relaxed),
+                    lone_space: a.to_vec(),
+                    added,
+                });
+            }
+        }
+        Ok(tok)
+    }
+
+    /// The ids of one line, equal to [`Self::encode_ids`]'s, but each distinct word is
+    /// encoded once per thread and then looked up: preparing a large corpus spends its time
+    /// on new words only. Other tokenizers than nmt's own pipeline take the plain path.
+    pub fn encode_ids_cached(&self, text: &str) -> Result<Vec<u32>> {
+        let Some(split) = self
+            .words
+            .as_ref()
+            .filter(|w| !w.added.iter().any(|a| text.contains(a.as_str())))
+        else {
+            return self.encode_ids(text);
+        };
+        WORDS.with_borrow_mut(|(owner, cache)| {
+            if *owner != split.id || cache.len() >= WORD_CACHE_LIMIT {
+                cache.clear();
+                *owner = split.id;
+            }
+            let mut ids = Vec::new();
+            if text.is_empty() {
+                return Ok(ids);
+            }
+            for word in text.split(' ') {
+                if word.is_empty() {
+                    ids.extend_from_slice(&split.lone_space);
+                } else if let Some(known) = cache.get(word) {
+                    ids.extend_from_slice(known);
+                } else {
+                    let new = self.encode_ids(word)?;
+                    ids.extend_from_slice(&new);
+                    cache.insert(word.to_owned(), new);
+                }
+            }
+            Ok(ids)
         })
     }
 
-    /// Writes `tokenizer.json` atomically.
-    pub fn save(&self, path: &Path) -> Result<()> {
+    /// The tokenizer as the text of a `tokenizer.json`.
+    pub fn to_json(&self) -> Result<String> {
         let Backend::Hf(inner) = &self.backend else {
             bail!(
                 "{}: an OPUS-MT vocabulary cannot be written as tokenizer.json",
                 self.path.display()
             );
         };
-        let text = inner
+        inner
             .to_string(true)
-            .map_err(|e| anyhow!("serialising the tokenizer: {e}"))?;
-        crate::io::write_atomic(path, text.as_bytes())
+            .map_err(|e| anyhow!("serialising the tokenizer: {e}"))
+    }
+
+    /// Writes `tokenizer.json` atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        crate::io::write_atomic(path, self.to_json()?.as_bytes())
     }
 
     /// Number of ids, specials included.
@@ -380,6 +513,8 @@ mod tests {
             model,
             min_frequency: None,
             show_progress: false,
+            max_lines: DEFAULT_MAX_LINES,
+            seed: 1,
         };
         let tok = train(&[corpus], &opts).unwrap();
         assert_eq!((tok.eos_id, tok.unk_id), (0, 1));
@@ -411,6 +546,55 @@ mod tests {
     }
 
     #[test]
+    fn cached_word_encoding_equals_whole_line_encoding() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = sample_corpus(dir.path());
+        let opts = TrainOptions {
+            vocab_size: 400,
+            model: SubwordModel::Bpe,
+            min_frequency: None,
+            show_progress: false,
+            max_lines: DEFAULT_MAX_LINES,
+            seed: 1,
+        };
+        let tok = train(&[corpus], &opts).unwrap();
+        assert!(
+            tok.words.is_some(),
+            "nmt's own pipeline takes the cached path"
+        );
+        let extra = ["a </s> b", "x\u{2581}y", "a \u{301}b", "  ", "end "];
+        for line in SAMPLE.iter().chain(&extra) {
+            // Twice: the second time every word comes from the cache.
+            for _ in 0..2 {
+                assert_eq!(
+                    tok.encode_ids_cached(line).unwrap(),
+                    tok.encode_ids(line).unwrap(),
+                    "{line:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_line_budget_samples_the_training_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("lines.txt");
+        std::fs::write(&p, (0..100).map(|i| format!("{i}\n")).collect::<String>()).unwrap();
+        let sample = |max, seed| {
+            let mut r = [LineReader::open(&p).unwrap()];
+            sample_lines(&mut r, max, seed).unwrap()
+        };
+        let all = sample(1000, 1);
+        assert_eq!(all, (0..100).map(|i| i.to_string()).collect::<Vec<_>>());
+        let ten = sample(10, 1);
+        assert_eq!(ten.len(), 10);
+        let nums: Vec<usize> = ten.iter().map(|l| l.parse().unwrap()).collect();
+        assert!(nums.windows(2).all(|w| w[0] < w[1]), "kept in input order");
+        assert_eq!(ten, sample(10, 1));
+        assert_ne!(ten, sample(10, 2));
+    }
+
+    #[test]
     fn punctuation_is_split_from_words() {
         let dir = tempfile::tempdir().unwrap();
         let corpus = sample_corpus(dir.path());
@@ -419,6 +603,8 @@ mod tests {
             model: SubwordModel::Bpe,
             min_frequency: None,
             show_progress: false,
+            max_lines: DEFAULT_MAX_LINES,
+            seed: 1,
         };
         let tok = train(&[corpus], &opts).unwrap();
         let pieces = tok.encode_pieces("bike,").unwrap();
@@ -434,6 +620,8 @@ mod tests {
             model: SubwordModel::Bpe,
             min_frequency: None,
             show_progress: false,
+            max_lines: DEFAULT_MAX_LINES,
+            seed: 1,
         };
         let err = train(&[corpus], &opts).err().unwrap().to_string();
         assert!(err.contains("smaller than the corpus alphabet"), "{err}");

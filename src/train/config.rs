@@ -2,14 +2,65 @@
 //! unknown keys rejected; command-line flags override single keys.
 
 use super::schedule::Schedule;
+use crate::data::store::Filters;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// One training corpus of the `corpora` list: raw text (`src` and `tgt`, prepared into the
+/// run folder the first time) or a store made by `nmt prepare` (`store`), and its weight.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CorpusConfig {
+    /// A short name for the log and the run folder's `data/NAME` (letters, digits, `.-_`).
+    pub name: Option<String>,
+    /// Source text file (plain or gzip).
+    pub src: Option<PathBuf>,
+    /// Target text file, line-aligned with `src`.
+    pub tgt: Option<PathBuf>,
+    /// A prepared store folder instead of `src`/`tgt`.
+    pub store: Option<PathBuf>,
+    /// How often the corpus is sampled per epoch: each pair ⌊w⌋ times, and once more with
+    /// probability w − ⌊w⌋ (default 1).
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl CorpusConfig {
+    /// A text corpus of weight 1.
+    pub fn text(name: &str, src: PathBuf, tgt: PathBuf) -> Self {
+        Self {
+            name: Some(name.into()),
+            src: Some(src),
+            tgt: Some(tgt),
+            store: None,
+            weight: 1.0,
+        }
+    }
+
+    /// A prepared store of weight 1.
+    pub fn store(name: &str, store: PathBuf) -> Self {
+        Self {
+            name: Some(name.into()),
+            src: None,
+            tgt: None,
+            store: Some(store),
+            weight: 1.0,
+        }
+    }
+}
 
 /// Model and training hyper-parameters. Defaults are the yardstick configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
+    /// Training corpora with weights; `--src`/`--tgt` or `--data` on the command line
+    /// replace the list with one corpus of weight 1.
+    pub corpora: Vec<CorpusConfig>,
     /// Vocabulary size when nmt trains the tokenizer itself.
     pub vocab_size: usize,
     /// Model width.
@@ -36,6 +87,11 @@ pub struct TrainConfig {
     pub max_positions: usize,
     /// Longest training sentence in tokens (`</s>` included); longer pairs are skipped.
     pub max_len: usize,
+    /// Skip pairs whose longer side has more than this many times the tokens of the shorter
+    /// (absent: no ratio filter, as Marian and fairseq).
+    pub max_len_ratio: Option<f64>,
+    /// Lines sampled (seeded) from the training text when nmt trains the tokenizer itself.
+    pub tokenizer_max_lines: usize,
     /// Padded tokens per batch.
     pub max_tokens: usize,
     /// Batches per update (gradient accumulation).
@@ -79,6 +135,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
+            corpora: Vec::new(),
             vocab_size: 8000,
             d_model: 256,
             encoder_layers: 3,
@@ -92,6 +149,8 @@ impl Default for TrainConfig {
             activation_dropout: 0.0,
             max_positions: 256,
             max_len: 128,
+            max_len_ratio: None,
+            tokenizer_max_lines: crate::data::tokenizer::DEFAULT_MAX_LINES,
             max_tokens: 4096,
             accum: 1,
             lr: 1e-3,
@@ -131,6 +190,14 @@ pub fn parse_duration(text: &str) -> Result<f64> {
 }
 
 impl TrainConfig {
+    /// The filters training applies to its corpora.
+    pub fn filters(&self) -> Filters {
+        Filters {
+            max_len: self.max_len,
+            max_len_ratio: self.max_len_ratio,
+        }
+    }
+
     /// Reads a JSON preset.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
@@ -168,6 +235,45 @@ impl TrainConfig {
         }
         if let Some(t) = &self.max_time {
             parse_duration(t)?;
+        }
+        if self.max_len > crate::data::batch::MAX_LEN_LIMIT {
+            bail!(
+                "max_len {} is above the supported {}",
+                self.max_len,
+                crate::data::batch::MAX_LEN_LIMIT
+            );
+        }
+        self.filters().check()?;
+        if self.tokenizer_max_lines == 0 {
+            bail!("tokenizer_max_lines must be positive");
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, c) in self.corpora.iter().enumerate() {
+            let label = format!("corpora[{i}]");
+            let name = c.name.as_deref().unwrap_or("");
+            if !(c.weight.is_finite() && c.weight > 0.0) {
+                bail!(
+                    "{label} {name}: weight {} is not a positive number",
+                    c.weight
+                );
+            }
+            match (&c.src, &c.tgt, &c.store) {
+                (Some(_), Some(_), None) | (None, None, Some(_)) => {}
+                _ => bail!("{label} {name}: give either src and tgt, or store"),
+            }
+            if let Some(n) = &c.name {
+                if n.is_empty()
+                    || !n
+                        .chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+                    || n.starts_with('.')
+                {
+                    bail!("{label}: name {n:?} must be letters, digits, '.', '-' or '_'");
+                }
+                if !names.insert(n.clone()) {
+                    bail!("{label}: the name {n:?} is used twice");
+                }
+            }
         }
         if self.max_steps.is_none() && self.max_epochs.is_none() && self.max_time.is_none() {
             bail!("no stopping criterion: set max_steps, max_epochs or max_time");

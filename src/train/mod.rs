@@ -4,14 +4,14 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod data;
 pub mod loss;
 pub mod optim;
 pub mod plot;
 pub mod schedule;
 
-use crate::data::batch::{encode_pairs, epoch_order, make_batches, Batch, Example};
-use crate::data::corpus::{read_parallel, Corpus};
-use crate::data::tokenizer::{self, SubwordTokenizer, TrainOptions};
+use crate::data::batch::{epoch_order, Batch, Mixture};
+use crate::data::tokenizer::SubwordTokenizer;
 use crate::decode;
 use crate::eval::{bleu::Bleu, Metric};
 use crate::model::weights::Weights;
@@ -30,15 +30,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Everything `nmt train` needs.
+/// Everything `nmt train` needs; the training corpora are in `config.corpora`.
 pub struct TrainJob {
-    /// Training source file.
-    pub train_src: PathBuf,
-    /// Training target file.
-    pub train_tgt: PathBuf,
     /// Validation files (source, target).
     pub valid: Option<(PathBuf, PathBuf)>,
-    /// A tokenizer.json; when absent one is trained with `config.vocab_size`.
+    /// A tokenizer.json; when absent a prepared corpus's is used, or one is trained with
+    /// `config.vocab_size`.
     pub tokenizer: Option<PathBuf>,
     /// Output folder.
     pub out: PathBuf,
@@ -170,18 +167,18 @@ impl Trainer<'_> {
         loss::label_smoothed_nll(weight, bias, &rows, &b.labels, eps, drop.is_on())
     }
 
-    fn validate(
-        &self,
-        valid: &[Example],
-        sources: &[String],
-        refs: &[Vec<String>],
-    ) -> Result<Validation> {
+    fn validate(&self, valid: &data::Valid) -> Result<Validation> {
         let drop = Dropout::off();
         let (mut nll, mut n) = (0f64, 0usize);
-        for idx in make_batches(valid, self.cfg.max_tokens)? {
+        let plan = valid.mixture.plan(
+            self.cfg.max_positions,
+            self.cfg.max_tokens,
+            self.cfg.seed,
+            1,
+        )?;
+        for k in 0..plan.len() {
             let b = Batch::new(
-                valid,
-                &idx,
+                &valid.mixture.examples(plan.batch(k), self.tok.eos_id),
                 self.tok.pad_id,
                 self.model_config.decoder_start_token_id,
                 self.model.device(),
@@ -193,9 +190,9 @@ impl Trainer<'_> {
                 .to_scalar::<f32>()? as f64;
             n += b.n_tokens;
         }
-        let hyps = translate_greedy(&self.model, &self.tok, sources)?;
+        let hyps = translate_greedy(&self.model, &self.tok, &valid.sources)?;
         let metric = Metric::Bleu(Bleu::default());
-        let stats = metric.corpus_stats(&hyps, refs);
+        let stats = metric.corpus_stats(&hyps, &valid.refs);
         Ok(Validation {
             loss: nll / n.max(1) as f64,
             bleu: metric.report(&stats, 1, None).score,
@@ -242,16 +239,6 @@ pub fn translate_greedy(
     Ok(out)
 }
 
-fn load_corpus_pair(src: &Path, tgt: &Path) -> Result<(Corpus, Corpus)> {
-    let (s, t) = read_parallel(src, tgt)?;
-    for c in [&s, &t] {
-        if let Some(note) = c.empty_note() {
-            eprintln!("{note}");
-        }
-    }
-    Ok((s, t))
-}
-
 /// Runs a training job.
 pub fn run(job: &TrainJob) -> Result<Outcome> {
     let cfg = &job.config;
@@ -275,24 +262,14 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         }
         None
     };
-    // Tokenizer.
-    let tok = if job.resume {
-        SubwordTokenizer::load(&last.join("tokenizer.json"))?
-    } else if let Some(p) = &job.tokenizer {
-        SubwordTokenizer::load(p)?
-    } else {
-        eprintln!(
-            "training a {}-piece BPE tokenizer on the training data",
-            cfg.vocab_size
-        );
-        let opts = TrainOptions {
-            vocab_size: cfg.vocab_size,
-            model: tokenizer::SubwordModel::Bpe,
-            min_frequency: None,
-            show_progress: std::io::stderr().is_terminal(),
-        };
-        tokenizer::train(&[job.train_src.clone(), job.train_tgt.clone()], &opts)?
-    };
+    let data_start = Instant::now();
+    let (tok, mixture, valid) = data::load(
+        cfg,
+        job.tokenizer.as_deref(),
+        job.valid.as_ref(),
+        &job.out,
+        job.resume.then_some(last.as_path()),
+    )?;
     tok.save(&job.out.join("tokenizer.json"))?;
     let model_config = if job.resume {
         ModelConfig::load(&last.join("config.json"))?
@@ -313,33 +290,6 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
             tok.path.display()
         );
     }
-    // Data.
-    let (src, tgt) = load_corpus_pair(&job.train_src, &job.train_tgt)?;
-    let (examples, filtered) = encode_pairs(&tok, &src.lines, &tgt.lines, cfg.max_len)?;
-    if examples.is_empty() {
-        bail!(
-            "{}: no training pairs left after filtering ({} with an empty side, {} longer than max_len {})",
-            job.train_src.display(),
-            filtered.empty,
-            filtered.too_long,
-            cfg.max_len
-        );
-    }
-    if filtered.empty + filtered.too_long > 0 {
-        eprintln!(
-            "skipped {} pairs with an empty side and {} longer than {} tokens",
-            filtered.empty, filtered.too_long, cfg.max_len
-        );
-    }
-    let valid = match &job.valid {
-        Some((vs, vt)) => {
-            let (s, t) = load_corpus_pair(vs, vt)?;
-            let (ex, _) = encode_pairs(&tok, &s.lines, &t.lines, cfg.max_positions)?;
-            Some((ex, s.lines, vec![t.lines]))
-        }
-        None => None,
-    };
-    let batches = make_batches(&examples, cfg.max_tokens)?;
     // Model and optimizer.
     let weights = Weights::init(cfg.seed, &job.device, job.dtype);
     let model = Seq2Seq::new(&model_config, &weights)?;
@@ -394,10 +344,10 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
     };
     train_loop(
         &mut trainer,
-        &examples,
-        &batches,
+        &mixture,
         valid.as_ref(),
         &mut state,
+        data_start.elapsed().as_secs_f64(),
     )
 }
 
@@ -415,15 +365,12 @@ fn prune_checkpoints(out: &Path, keep: usize, best_step: Option<usize>) -> Resul
     Ok(())
 }
 
-/// Validation examples, source lines, and the reference lines (one reference set).
-type ValidSet = (Vec<Example>, Vec<String>, Vec<Vec<String>>);
-
 fn train_loop(
     tr: &mut Trainer,
-    examples: &[Example],
-    batches: &[Vec<usize>],
-    valid: Option<&ValidSet>,
+    mixture: &Mixture,
+    valid: Option<&data::Valid>,
     state: &mut TrainerState,
+    data_s: f64,
 ) -> Result<Outcome> {
     let cfg = tr.cfg;
     let job = tr.job;
@@ -448,7 +395,8 @@ fn train_loop(
     );
     bar.set_position(state.step as u64);
     let start_id = tr.model_config.decoder_start_token_id;
-    let pad = tr.tok.pad_id;
+    let (pad, eos) = (tr.tok.pad_id, tr.tok.eos_id);
+    let first_step = state.step;
     let mut outcome = Outcome::Finished;
     let mut last_saved = job.resume.then_some(state.step);
     let warned_font = std::cell::Cell::new(false);
@@ -460,8 +408,8 @@ fn train_loop(
             .join("checkpoints")
             .join(format!("step-{:08}", state.step));
         let mut improved = false;
-        if let Some((ex, srcs, refs)) = valid {
-            let v = tr.validate(ex, srcs, refs)?;
+        if let Some(valid) = valid {
+            let v = tr.validate(valid)?;
             improved = state.best_bleu.is_none_or(|b| v.bleu > b);
             if improved {
                 state.best_bleu = Some(v.bleu);
@@ -506,7 +454,60 @@ fn train_loop(
         if cfg.max_epochs.is_some_and(|m| state.epoch > m) {
             break;
         }
-        let order = epoch_order(batches.len(), cfg.seed, state.epoch);
+        let plan = mixture.plan(cfg.max_len, cfg.max_tokens, cfg.seed, state.epoch)?;
+        if plan.is_empty() {
+            bail!(
+                "no training pairs left after filtering (longest side at most max_len {} tokens): {}",
+                cfg.max_len,
+                mixture
+                    .corpora
+                    .iter()
+                    .map(|(_, store, _)| store.summary())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        let drawn: Vec<String> = mixture
+            .corpora
+            .iter()
+            .zip(&plan.drawn)
+            .map(|((name, store, w), n)| format!("{name} {n} of {} (weight {w})", store.len()))
+            .collect();
+        let msg = format!(
+            "epoch {}: {} pairs ({}), {} batches, {:.1} % padding{}",
+            state.epoch,
+            plan.drawn.iter().sum::<u64>(),
+            drawn.join(", "),
+            plan.len(),
+            100.0 * plan.padding_share(),
+            if plan.too_long > 0 {
+                format!(
+                    ", {} pairs over max_len {} skipped",
+                    plan.too_long, cfg.max_len
+                )
+            } else {
+                String::new()
+            }
+        );
+        if tty {
+            bar.println(&msg)
+        } else {
+            eprintln!("{msg}")
+        }
+        if state.batch_in_epoch == 0 || state.step == first_step {
+            let corpora: serde_json::Map<String, serde_json::Value> = mixture
+                .corpora
+                .iter()
+                .zip(&plan.drawn)
+                .map(|((name, _, _), n)| (name.clone(), json!(n)))
+                .collect();
+            let mut record = json!({"step": state.step, "epoch": state.epoch, "epoch_pairs": corpora, "batches": plan.len(), "padding": plan.padding_share()});
+            if state.step == first_step {
+                record["data_s"] = json!(data_s);
+            }
+            log.write(record)?;
+        }
+        let order = epoch_order(plan.len(), cfg.seed, state.epoch);
         while state.batch_in_epoch < order.len() {
             if cfg.max_steps.is_some_and(|m| state.step >= m)
                 || max_time.is_some_and(|t| elapsed0 + start.elapsed().as_secs_f64() >= t)
@@ -523,9 +524,9 @@ fn train_loop(
                 if state.batch_in_epoch >= order.len() {
                     break;
                 }
-                let idx = &batches[order[state.batch_in_epoch]];
+                let exs = mixture.examples(plan.batch(order[state.batch_in_epoch]), eos);
                 state.batch_in_epoch += 1;
-                let b = Batch::new(examples, idx, pad, start_id, tr.model.device())?;
+                let b = Batch::new(&exs, pad, start_id, tr.model.device())?;
                 let t = Instant::now();
                 let (loss, _) = tr.batch_loss(&b, &drop)?;
                 loss_sum += loss.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;

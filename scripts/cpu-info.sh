@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One line naming this machine's CPU, its core count and the SIMD features that nmt's and the
+# peers' kernels choose between, for benchmark output (figures hold only for the CPU measured).
+set -euo pipefail
+model=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+flags=$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-)
+simd=""
+for f in sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx_vnni amx_tile amx_int8 amx_bf16; do
+  case " $flags " in *" $f "*) simd="$simd $f" ;; esac
+done
+echo "cpu: $model; $(nproc) cores; simd:$simd"
