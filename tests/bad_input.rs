@@ -217,6 +217,22 @@ fn every_subcommand_rejects_bad_input_clearly() {
         stdin: b"1 2 3\n".to_vec(),
         expect,
     };
+    let prepare = |src: &str, tgt: &str, tok: &str, out: &str| -> Vec<String> {
+        [
+            "prepare",
+            "--src",
+            src,
+            "--tgt",
+            tgt,
+            "--tokenizer",
+            tok,
+            "--out",
+            out,
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+    };
     let tok_train = |input: &str| -> Vec<String> {
         [
             "tokenize",
@@ -306,6 +322,85 @@ fn every_subcommand_rejects_bad_input_clearly() {
             &["tokenize", "encode", "--tokenizer", &tokenizer],
             huge_line.as_bytes(),
             works(&[]),
+        ),
+        // nmt prepare
+        row(
+            "prepare: missing --src",
+            &prepare(&missing, &tgt, &tokenizer, &out("p1")),
+            b"",
+            fails(&[&missing, "No such file"]),
+        ),
+        row(
+            "prepare: invalid UTF-8",
+            &prepare(&src, &bad_utf8, &tokenizer, &out("p2")),
+            b"",
+            fails(&[&format!("{bad_utf8}:2"), "invalid UTF-8"]),
+        ),
+        row(
+            "prepare: mismatched line counts",
+            &prepare(&src, &short, &tokenizer, &out("p3")),
+            b"",
+            fails(&[&short, "ends after line 2", "60 lines"]),
+        ),
+        row(
+            "prepare: truncated tokenizer",
+            &prepare(&src, &tgt, &truncated_json, &out("p4")),
+            b"",
+            fails(&[&truncated_json, "not a valid tokenizer.json"]),
+        ),
+        row(
+            "prepare: --max-len 1",
+            &[
+                prepare(&src, &tgt, &tokenizer, &out("p5")),
+                vec!["--max-len".into(), "1".into()],
+            ]
+            .concat(),
+            b"",
+            fails(&["max_len 1"]),
+        ),
+        row(
+            "prepare: --max-len-ratio 0.5",
+            &[
+                prepare(&src, &tgt, &tokenizer, &out("p6")),
+                vec!["--max-len-ratio".into(), "0.5".into()],
+            ]
+            .concat(),
+            b"",
+            fails(&["max_len_ratio must be at least 1"]),
+        ),
+        row(
+            "prepare: 1 MB line",
+            &prepare(&huge, &src, &tokenizer, &out("p7")),
+            b"",
+            works(&[]),
+        ),
+        row(
+            "train: --data is not a store",
+            &[
+                "train",
+                "--data",
+                &folder,
+                "--out",
+                &out("p8"),
+                "--max-steps",
+                "1",
+            ],
+            b"",
+            fails(&[&folder, "not a prepared corpus"]),
+        ),
+        row(
+            "train: --data does not exist",
+            &[
+                "train",
+                "--data",
+                &missing,
+                "--out",
+                &out("p9"),
+                "--max-steps",
+                "1",
+            ],
+            b"",
+            fails(&[&missing, "not a prepared corpus"]),
         ),
         // nmt train
         train_row(

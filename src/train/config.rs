@@ -22,12 +22,23 @@ pub struct CorpusConfig {
     pub store: Option<PathBuf>,
     /// How often the corpus is sampled per epoch: each pair ⌊w⌋ times, and once more with
     /// probability w − ⌊w⌋ (default 1).
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "weight")]
     pub weight: f64,
 }
 
 fn one() -> f64 {
     1.0
+}
+
+/// A corpus weight: a positive number, with an error that says so for anything else.
+fn weight<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    match v.as_f64() {
+        Some(w) if w.is_finite() && w > 0.0 => Ok(w),
+        _ => Err(serde::de::Error::custom(format!(
+            "corpus weight {v} is not a positive number"
+        ))),
+    }
 }
 
 impl CorpusConfig {

@@ -454,6 +454,15 @@ fn train_loop(
         if cfg.max_epochs.is_some_and(|m| state.epoch > m) {
             break;
         }
+        let pairs: usize = mixture
+            .corpora
+            .iter()
+            .map(|(_, store, _)| store.len())
+            .sum();
+        if pairs > 5_000_000 {
+            // About a second per 20 M pairs: say what the pause is.
+            eprintln!("planning epoch {} over {pairs} pairs", state.epoch);
+        }
         let plan = mixture.plan(cfg.max_len, cfg.max_tokens, cfg.seed, state.epoch)?;
         if plan.is_empty() {
             bail!(
