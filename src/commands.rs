@@ -158,6 +158,7 @@ fn translate_file(model: &str, src: &Path, beam: usize) -> Result<Corpus> {
         max_len_a: 1.5,
         max_len_b: 10,
         batch_size: 64,
+        scores: false,
     };
     let mut lines = Vec::with_capacity(source.lines.len());
     for (i, chunk) in source.lines.chunks(640).enumerate() {
@@ -501,6 +502,7 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         max_len_a: args.max_len_a,
         max_len_b: args.max_len_b,
         batch_size: args.batch_size,
+        scores: args.scores || args.json || args.nbest.is_some(),
     };
     let format = crate::translate::OutputFormat {
         nbest: args.nbest.is_some(),

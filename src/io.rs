@@ -6,7 +6,8 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-fn temp_path(path: &Path) -> PathBuf {
+/// The temporary sibling `path` is written as before it is renamed: `.NAME.tmp.PID`.
+pub fn temp_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())

@@ -25,12 +25,16 @@ pub struct SearchOptions {
     pub max_len_b: usize,
     /// Sentences decoded together (after sorting by length).
     pub batch_size: usize,
+    /// Score greedy hypotheses too (beam search always does); it costs a pass over the
+    /// vocabulary per step.
+    pub scores: bool,
 }
 
 /// One translated sentence: its hypotheses, best first.
 #[derive(Debug, Clone)]
 pub struct Translation {
-    /// (text, score, token count) per hypothesis; greedy has one, with its summed log-prob left 0.
+    /// (text, score, token count) per hypothesis; greedy has one, scored only when asked.
+    /// A score is the summed log-probability over the length penalty, as in beam search.
     pub hypotheses: Vec<(String, f64, usize)>,
 }
 
@@ -88,18 +92,23 @@ fn decode_sorted(
         .iter()
         .map(|s| decode::max_len(&m.model, s.len(), opts.max_len_a, opts.max_len_b))
         .collect();
+    let bo = beam::BeamOptions {
+        beam: opts.beam,
+        length_penalty: opts.length_penalty,
+        gnmt: opts.gnmt,
+    };
     if opts.beam <= 1 {
-        for ((i, _), ids) in todo.iter().zip(decode::greedy(&m.model, &srcs, &lens)?) {
+        let found = decode::greedy(&m.model, &srcs, &lens, opts.scores)?;
+        for ((i, _), (ids, log_prob)) in todo.iter().zip(found) {
             out[*i] = Translation {
-                hypotheses: vec![(m.tokenizer.decode(&ids)?, 0.0, ids.len())],
+                hypotheses: vec![(
+                    m.tokenizer.decode(&ids)?,
+                    log_prob / bo.penalty(ids.len() + 1),
+                    ids.len(),
+                )],
             };
         }
     } else {
-        let bo = beam::BeamOptions {
-            beam: opts.beam,
-            length_penalty: opts.length_penalty,
-            gnmt: opts.gnmt,
-        };
         for ((i, _), hyps) in todo
             .iter()
             .zip(beam::beam_search(&m.model, &srcs, &lens, bo)?)

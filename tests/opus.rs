@@ -58,7 +58,11 @@ fn greedy_and_beam_search_equal_transformers_generate() {
         let lp = case["length_penalty"].as_f64().unwrap();
         let lens = vec![case["max_new_tokens"].as_u64().unwrap() as usize; sources.len()];
         let got: Vec<Vec<u32>> = if beam_size == 1 {
-            decode::greedy(&m.model, &sources, &lens).unwrap()
+            decode::greedy(&m.model, &sources, &lens, false)
+                .unwrap()
+                .into_iter()
+                .map(|(ids, _)| ids)
+                .collect::<Vec<_>>()
         } else {
             let opts = beam::BeamOptions {
                 beam: beam_size,

@@ -2,22 +2,8 @@
 //! for itself, weighted corpora, and every way a store or its sources can be wrong.
 
 mod common;
-use common::{nmt, nmt_err, nmt_ok, s, toy_corpus};
+use common::{losses, nmt, nmt_err, nmt_ok, s, toy_corpus, TINY};
 use std::path::{Path, PathBuf};
-
-/// Tiny model flags (seconds per run on 2 cores).
-const TINY: &[&str] = &[
-    "--d-model",
-    "32",
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "64",
-    "--max-tokens",
-    "512",
-];
 
 fn tokenizer(dir: &Path, src: &Path, tgt: &Path, size: &str) -> PathBuf {
     let p = dir.join(format!("tok{size}.json"));
@@ -39,21 +25,23 @@ fn tokenizer(dir: &Path, src: &Path, tgt: &Path, size: &str) -> PathBuf {
     p
 }
 
+/// `nmt prepare` arguments.
+fn prepare_args<'a>(src: &'a Path, tgt: &'a Path, tok: &'a Path, out: &'a Path) -> Vec<&'a str> {
+    let a = [
+        "prepare",
+        "--src",
+        s(src),
+        "--tgt",
+        s(tgt),
+        "--tokenizer",
+        s(tok),
+    ];
+    [&a[..], &["--out", s(out)]].concat()
+}
+
+/// Runs `nmt prepare`, asserts success and returns stderr.
 fn prepare(src: &Path, tgt: &Path, tok: &Path, out: &Path) -> String {
-    let o = nmt(
-        &[
-            "prepare",
-            "--src",
-            s(src),
-            "--tgt",
-            s(tgt),
-            "--tokenizer",
-            s(tok),
-            "--out",
-            s(out),
-        ],
-        b"",
-    );
+    let o = nmt(&prepare_args(src, tgt, tok, out), b"");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -65,16 +53,6 @@ fn train(args: &[&str]) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "nmt {all:?} failed: {err}");
     err
-}
-
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| !v["loss"].is_null())
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
 }
 
 /// A store made by `nmt prepare` trains exactly like the text it was made from; a run
@@ -215,20 +193,7 @@ fn a_wrong_store_is_a_clear_error() {
         nmt_err(&all, b"")
     };
     // An existing store is not overwritten without --force.
-    let err = nmt_err(
-        &[
-            "prepare",
-            "--src",
-            s(&src),
-            "--tgt",
-            s(&tgt),
-            "--tokenizer",
-            s(&tok),
-            "--out",
-            s(&store),
-        ],
-        b"",
-    );
+    let err = nmt_err(&prepare_args(&src, &tgt, &tok, &store), b"");
     assert!(
         err.contains("already exists") && err.contains("--force"),
         "{err}"
@@ -236,20 +201,7 @@ fn a_wrong_store_is_a_clear_error() {
     // Source and target of different lengths: the line where one ends.
     let short = dir.path().join("short.en");
     std::fs::write(&short, "one two\n").unwrap();
-    let err = nmt_err(
-        &[
-            "prepare",
-            "--src",
-            s(&src),
-            "--tgt",
-            s(&short),
-            "--tokenizer",
-            s(&tok),
-            "--out",
-            s(&out("mismatch")),
-        ],
-        b"",
-    );
+    let err = nmt_err(&prepare_args(&src, &short, &tok, &out("mismatch")), b"");
     assert!(
         err.contains("train.src has 200 lines") && err.contains("short.en ends after line 1"),
         "{err}"
@@ -319,14 +271,6 @@ fn a_wrong_store_is_a_clear_error() {
     assert!(err.contains("no training data"), "{err}");
 }
 
-struct Mount(PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// A full disk while preparing: an error naming the store and "No space left on device", and
 /// no store, complete or partial, is visible. Needs permission to mount a tmpfs (root);
 /// skipped with a message otherwise.
@@ -337,31 +281,11 @@ fn a_full_disk_while_preparing_leaves_no_store() {
     let tok = tokenizer(dir.path(), &src, &tgt, "400");
     let small = dir.path().join("small");
     std::fs::create_dir(&small).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=200k", "tmpfs", s(&small)])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|st| st.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+    let Some(_unmount) = common::mount_tmpfs(&small, 200_000) else {
         return;
-    }
-    let _unmount = Mount(small.clone());
+    };
     let store = small.join("store");
-    let err = nmt_err(
-        &[
-            "prepare",
-            "--src",
-            s(&src),
-            "--tgt",
-            s(&tgt),
-            "--tokenizer",
-            s(&tok),
-            "--out",
-            s(&store),
-        ],
-        b"",
-    );
+    let err = nmt_err(&prepare_args(&src, &tgt, &tok, &store), b"");
     assert!(err.contains("No space left on device"), "{err}");
     assert!(err.contains(s(&store)), "{err}");
     let left: Vec<_> = std::fs::read_dir(&small)

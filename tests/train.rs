@@ -2,24 +2,8 @@
 //! handles bad input and interruption without losing work.
 
 mod common;
-use common::{nmt_err, nmt_ok, s, toy_corpus};
+use common::{losses, nmt_err, nmt_ok, s, toy_corpus, TINY};
 use std::path::{Path, PathBuf};
-
-/// Tiny model flags shared by the tests (seconds per run on 2 cores).
-const TINY: &[&str] = &[
-    "--vocab-size",
-    "400",
-    "--d-model",
-    "32",
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--ffn-dim",
-    "64",
-    "--max-tokens",
-    "512",
-];
 
 /// `nmt train` arguments for a TINY model on `src`/`tgt` into `out`, plus `extra`.
 fn tiny_train(src: &Path, tgt: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
@@ -36,16 +20,6 @@ fn write_config(dir: &Path, json: &str) -> PathBuf {
     let p = dir.join("config.json");
     std::fs::write(&p, json).unwrap();
     p
-}
-
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| !v["loss"].is_null())
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
 }
 
 /// The acceptance test: a small Transformer learns digits → number words in well under a
@@ -361,15 +335,6 @@ fn sigint_saves_last_and_exits_130() {
     assert!(state["step"].as_u64().unwrap() >= 1);
 }
 
-/// Unmounts a test filesystem, also when the test fails.
-struct Mount(PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// Bytes in the files under `dir` (links not followed).
 fn folder_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
@@ -417,23 +382,9 @@ fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
     std::fs::create_dir(&small).unwrap();
     // Room for the tokenizer, the metrics and one checkpoint and a half: the second fails.
     let size = folder_size(&probe) - folder_size(&probe.join("checkpoints")) + one * 3 / 2;
-    let mounted = std::process::Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            &format!("size={size}"),
-            "tmpfs",
-            s(&small),
-        ])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|st| st.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+    let Some(_unmount) = common::mount_tmpfs(&small, size) else {
         return;
-    }
-    let _unmount = Mount(small.clone());
+    };
     let out = small.join("run");
     let err = nmt_err(
         &args(&out).iter().map(String::as_str).collect::<Vec<_>>(),

@@ -54,7 +54,12 @@ fn greedy_and_beam_search_equal_transformers_generate() {
             let mut got = Vec::new();
             for part in sources.chunks(chunk) {
                 if beam_size == 1 {
-                    got.extend(decode::greedy(&m.model, part, &lens[..part.len()]).unwrap());
+                    got.extend(
+                        decode::greedy(&m.model, part, &lens[..part.len()], false)
+                            .unwrap()
+                            .into_iter()
+                            .map(|(ids, _)| ids),
+                    );
                 } else {
                     let opts = beam::BeamOptions {
                         beam: beam_size,
@@ -249,4 +254,43 @@ fn a_hub_repo_id_loads_from_the_cache_offline() {
             && err.contains("HF_HUB_OFFLINE"),
         "{err}"
     );
+}
+
+/// Greedy search scores its output as beam search does (summed log-probability over the
+/// length penalty): where both find the same translation, the scores agree, and `--scores`
+/// and `--json` print them instead of 0.
+#[test]
+fn greedy_scores_are_log_probabilities_as_in_beam_search() {
+    let model = toy();
+    let sources = std::fs::read(model.join("sources.txt")).unwrap();
+    let json = |beam: &str| -> Vec<(String, f64)> {
+        nmt_ok(
+            &["translate", "--model", s(&model), "--beam", beam, "--json"],
+            &sources,
+        )
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["translation"].as_str().unwrap().to_string(),
+                v["score"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+    };
+    let (greedy, beam) = (json("1"), json("2"));
+    assert!(greedy.iter().all(|(_, sc)| *sc < 0.0), "{greedy:?}");
+    let same: Vec<_> = greedy
+        .iter()
+        .zip(&beam)
+        .filter(|(g, b)| g.0 == b.0)
+        .collect();
+    assert!(same.len() >= 3, "{greedy:?} {beam:?}");
+    for (g, b) in same {
+        assert!((g.1 - b.1).abs() < 1e-4, "{g:?} vs {b:?}");
+    }
+    let scored = nmt_ok(&["translate", "--model", s(&model), "--scores"], &sources);
+    for (line, (text, score)) in scored.lines().zip(&greedy) {
+        assert_eq!(line, format!("{text}\t{score:.6}"));
+    }
 }

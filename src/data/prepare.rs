@@ -163,15 +163,6 @@ fn filter(s: usize, t: usize, f: &Filters) -> Option<fn(&mut Filtered)> {
     None
 }
 
-/// The temporary sibling a store is written into before it is renamed to `out`.
-fn temp_dir(out: &Path) -> PathBuf {
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    out.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
-}
-
 /// Tokenizes `src` and `tgt` with `tok` into a new store at `out`, dropping pairs as
 /// `filters` say. An existing store at `out` is replaced only when the new one is complete.
 pub fn prepare(
@@ -194,7 +185,7 @@ pub fn prepare(
         std::fs::create_dir_all(parent)
             .with_context(|| format!("{}: cannot create folder", parent.display()))?;
     }
-    let tmp = temp_dir(out);
+    let tmp = crate::io::temp_path(out);
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?;
     let result = write_store(&tmp, chunks, tok, tokenizer, sources, filters, start)

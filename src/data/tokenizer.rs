@@ -505,16 +505,24 @@ mod tests {
         p
     }
 
-    fn round_trip(model: SubwordModel) {
-        let dir = tempfile::tempdir().unwrap();
-        let corpus = sample_corpus(dir.path());
-        let opts = TrainOptions {
-            vocab_size: 400,
-            model,
+    /// BPE options for the tests' small corpora.
+    fn options(vocab_size: usize) -> TrainOptions {
+        TrainOptions {
+            vocab_size,
+            model: SubwordModel::Bpe,
             min_frequency: None,
             show_progress: false,
             max_lines: DEFAULT_MAX_LINES,
             seed: 1,
+        }
+    }
+
+    fn round_trip(model: SubwordModel) {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = sample_corpus(dir.path());
+        let opts = TrainOptions {
+            model,
+            ..options(400)
         };
         let tok = train(&[corpus], &opts).unwrap();
         assert_eq!((tok.eos_id, tok.unk_id), (0, 1));
@@ -549,14 +557,7 @@ mod tests {
     fn cached_word_encoding_equals_whole_line_encoding() {
         let dir = tempfile::tempdir().unwrap();
         let corpus = sample_corpus(dir.path());
-        let opts = TrainOptions {
-            vocab_size: 400,
-            model: SubwordModel::Bpe,
-            min_frequency: None,
-            show_progress: false,
-            max_lines: DEFAULT_MAX_LINES,
-            seed: 1,
-        };
+        let opts = options(400);
         let tok = train(&[corpus], &opts).unwrap();
         assert!(
             tok.words.is_some(),
@@ -598,14 +599,7 @@ mod tests {
     fn punctuation_is_split_from_words() {
         let dir = tempfile::tempdir().unwrap();
         let corpus = sample_corpus(dir.path());
-        let opts = TrainOptions {
-            vocab_size: 400,
-            model: SubwordModel::Bpe,
-            min_frequency: None,
-            show_progress: false,
-            max_lines: DEFAULT_MAX_LINES,
-            seed: 1,
-        };
+        let opts = options(400);
         let tok = train(&[corpus], &opts).unwrap();
         let pieces = tok.encode_pieces("bike,").unwrap();
         assert_eq!(pieces.last().map(String::as_str), Some(","), "{pieces:?}");
@@ -615,14 +609,7 @@ mod tests {
     fn a_vocabulary_smaller_than_the_alphabet_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let corpus = sample_corpus(dir.path());
-        let opts = TrainOptions {
-            vocab_size: RESERVED + 3,
-            model: SubwordModel::Bpe,
-            min_frequency: None,
-            show_progress: false,
-            max_lines: DEFAULT_MAX_LINES,
-            seed: 1,
-        };
+        let opts = options(RESERVED + 3);
         let err = train(&[corpus], &opts).err().unwrap().to_string();
         assert!(err.contains("smaller than the corpus alphabet"), "{err}");
     }

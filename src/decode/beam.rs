@@ -30,7 +30,8 @@ pub struct Hypothesis {
 }
 
 impl BeamOptions {
-    fn penalty(&self, len: usize) -> f64 {
+    /// The length penalty of a hypothesis of `len` steps (its tokens and `</s>`).
+    pub fn penalty(&self, len: usize) -> f64 {
         if self.gnmt {
             ((5.0 + len as f64) / 6.0).powf(self.length_penalty)
         } else {

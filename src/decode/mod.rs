@@ -105,11 +105,18 @@ pub fn log_normalisers(logits: &[f32], v: usize) -> Vec<(f32, f32)> {
 
 /// Greedy search for a batch of sources (each ending in `</s>`). `max_lens[i]` bounds the
 /// output length of sentence i, `</s>` included; as transformers does with a forced `</s>`, a
-/// hypothesis that reaches its limit ends there. Returns ids without `</s>`.
-pub fn greedy(model: &Seq2Seq, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<Vec<Vec<u32>>> {
+/// hypothesis that reaches its limit ends there. Returns ids without `</s>` and, when
+/// `scores` is set, each output's summed log-probability (its tokens and a chosen `</s>`; a
+/// forced `</s>` has log-probability 0, as in beam search), else 0.
+pub fn greedy(
+    model: &Seq2Seq,
+    srcs: &[Vec<u32>],
+    max_lens: &[usize],
+    scores: bool,
+) -> Result<Vec<(Vec<u32>, f64)>> {
     let cfg = &model.config;
     let n = srcs.len();
-    let mut out = vec![Vec::new(); n];
+    let mut out = vec![(Vec::new(), 0.0); n];
     if n == 0 {
         return Ok(out);
     }
@@ -129,14 +136,31 @@ pub fn greedy(model: &Seq2Seq, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<
     for step in 0..limit {
         let logits = host_logits(model.decode_step(&tokens, &mut cache)?, pad)?;
         let next: Vec<u32> = logits.read(|l| l.par_chunks(v).map(argmax).collect())?;
+        // The chosen token is the row's max: its log-probability is −log Σ e^(x − max).
+        let log_probs: Vec<f64> = if scores {
+            logits.read(|l| {
+                log_normalisers(l, v)
+                    .iter()
+                    .map(|&(_, ln)| -ln as f64)
+                    .collect()
+            })?
+        } else {
+            Vec::new()
+        };
         let mut keep = Vec::with_capacity(active.len());
         let mut keep_tokens = Vec::with_capacity(active.len());
         for (row, (&i, &tok)) in active.iter().zip(&next).enumerate() {
             let last = step + 1 >= max_lens[i].min(cfg.max_position_embeddings);
             if tok == cfg.eos_token_id || last {
+                if scores && !last {
+                    out[i].1 += log_probs[row];
+                }
                 continue;
             }
-            out[i].push(tok);
+            out[i].0.push(tok);
+            if scores {
+                out[i].1 += log_probs[row];
+            }
             keep.push(row as u32);
             keep_tokens.push(tok);
         }

@@ -232,7 +232,10 @@ pub fn translate_greedy(
             .iter()
             .map(|s| decode::max_len(model, s.len(), 1.5, 10))
             .collect();
-        for (&i, ids) in chunk.iter().zip(decode::greedy(model, &srcs, &lens)?) {
+        for (&i, (ids, _)) in chunk
+            .iter()
+            .zip(decode::greedy(model, &srcs, &lens, false)?)
+        {
             out[i] = tok.decode(&ids)?;
         }
     }

@@ -6,6 +6,22 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+/// Tiny model flags shared by the tests (seconds per run on 2 cores).
+pub const TINY: &[&str] = &[
+    "--vocab-size",
+    "400",
+    "--d-model",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--ffn-dim",
+    "64",
+    "--max-tokens",
+    "512",
+];
+
 /// Runs `nmt` with `args`, feeding `stdin`.
 pub fn nmt(args: &[&str], stdin: &[u8]) -> Output {
     nmt_env(args, stdin, &[])
@@ -147,4 +163,39 @@ pub fn max_abs(t: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+/// The training losses a run logged: (step, loss) from its metrics.jsonl.
+pub fn losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| !v["loss"].is_null())
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped (also when the test fails).
+pub struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Mounts a tmpfs of `size` bytes on the folder `dir` (a small disk to fill). `None`, with a
+/// message saying the test is skipped, where mounting is not permitted (needs root).
+pub fn mount_tmpfs(dir: &Path, size: u64) -> Option<Mount> {
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|st| st.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+    }
+    mounted.then(|| Mount(dir.to_path_buf()))
 }

@@ -34,6 +34,7 @@ fuzz_target!(|data: &[u8]| {
         max_len_a: 1.0,
         max_len_b: 5,
         batch_size: 1 + usize::from(knobs >> 6) % 4,
+        scores: knobs & 48 != 0,
     };
     let format = OutputFormat {
         nbest: false,
