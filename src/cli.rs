@@ -137,6 +137,12 @@ pub struct EvalArgs {
     /// Beam size when translating with --model.
     #[arg(long, default_value_t = 5)]
     pub beam: usize,
+    /// Device for translating with --model.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu, requires = "model")]
+    pub device: DeviceArg,
+    /// Weight dtype for translating with --model on CUDA.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32, requires = "model")]
+    pub dtype: DtypeArg,
     /// Metrics to compute, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "bleu")]
     pub metrics: Vec<MetricName>,

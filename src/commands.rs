@@ -147,9 +147,11 @@ fn read_hypotheses(path: Option<&Path>) -> Result<Corpus> {
 }
 
 /// Translates a whole file with a model (`nmt eval --model --src`).
-fn translate_file(model: &str, src: &Path, beam: usize) -> Result<Corpus> {
+fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
+    let (device, dtype) = select_device(args.device, args.dtype)?;
+    let beam = args.beam;
     let source = read_corpus(src)?;
-    let loaded = crate::hub::load(&crate::hub::resolve(model)?, &Device::Cpu, DType::F32)?;
+    let loaded = crate::hub::load(&crate::hub::resolve(model)?, &device, dtype)?;
     let opts = crate::translate::SearchOptions {
         beam: beam.max(1),
         length_penalty: 1.0,
@@ -205,7 +207,7 @@ pub fn eval(args: EvalArgs) -> Result<()> {
         bail!("--bootstrap-samples must be at least 2");
     }
     let hyps = match (&args.model, &args.src) {
-        (Some(model), Some(src)) => translate_file(model, src, args.beam)?,
+        (Some(model), Some(src)) => translate_file(model, src, &args)?,
         _ => read_hypotheses(args.hyp.as_deref())?,
     };
     let refs = args

@@ -595,6 +595,22 @@ fn every_subcommand_rejects_bad_input_clearly() {
             fails(&["--model"]),
         ),
         row(
+            "eval --model: bf16 on the CPU",
+            &[
+                "eval",
+                "--ref",
+                &tgt,
+                "--src",
+                &src,
+                "--model",
+                s(&toy),
+                "--dtype",
+                "bf16",
+            ],
+            b"",
+            fails(&["--dtype bf16/f16 needs --device cuda"]),
+        ),
+        row(
             "eval: 1 MB line",
             &["eval", "--ref", &huge, "--hyp", &huge],
             b"",
@@ -626,6 +642,25 @@ fn every_subcommand_rejects_bad_input_clearly() {
             &["eval", "--ref", &unreadable, "--hyp", &unreadable],
             b"",
             fails(&[&unreadable, "Permission denied"]),
+        ));
+    }
+
+    if !candle_core::utils::cuda_is_available() {
+        rows.push(row(
+            "eval --model: --device cuda without CUDA",
+            &[
+                "eval",
+                "--ref",
+                &tgt,
+                "--src",
+                &src,
+                "--model",
+                s(&toy),
+                "--device",
+                "cuda",
+            ],
+            b"",
+            fails(&["--device cuda"]),
         ));
     }
 

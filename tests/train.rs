@@ -221,6 +221,33 @@ fn bad_input_and_misuse_are_clear_errors() {
         err.contains("the tokenizer has") && err.contains("declares vocab_size"),
         "{err}"
     );
+    // Checkpoints of two different models are not averaged: the differing field is named.
+    let other = dir.path().join("other-model");
+    std::fs::create_dir(&other).unwrap();
+    for e in std::fs::read_dir(out.join("last")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), other.join(e.file_name())).unwrap();
+    }
+    let config = std::fs::read_to_string(other.join("config.json")).unwrap();
+    let changed = config.replace("\"relu\"", "\"gelu\"");
+    assert_ne!(config, changed);
+    std::fs::write(other.join("config.json"), changed).unwrap();
+    let avg = dir.path().join("avg");
+    let err = nmt_err(
+        &[
+            "average",
+            s(&out.join("last")),
+            s(&other),
+            "--output",
+            s(&avg),
+        ],
+        b"",
+    );
+    assert!(
+        err.contains("differs") && err.contains("activation_function"),
+        "{err}"
+    );
+    assert!(!avg.exists());
     // bf16 on the CPU.
     let err = run_err(
         [

@@ -670,26 +670,55 @@ pub fn average(inputs: &[PathBuf], output: &Path) -> Result<()> {
     let config = ModelConfig::load(&first.join("config.json"))?;
     let tok = SubwordTokenizer::load(&first.join("tokenizer.json"))?;
     let mut sum: HashMap<String, Tensor> = HashMap::new();
+    // Every field that defines the model must agree (dropout rates and the initialisation
+    // scale, which only training reads, and metadata outside the model's own may differ).
+    let defining = |c: &ModelConfig| -> Result<serde_json::Map<String, serde_json::Value>> {
+        let mut v = serde_json::to_value(ModelConfig {
+            extra: Default::default(),
+            ..c.clone()
+        })?;
+        let map = v.as_object_mut().expect("a config is an object");
+        for training_only in [
+            "dropout",
+            "attention_dropout",
+            "activation_dropout",
+            "init_std",
+        ] {
+            map.remove(training_only);
+        }
+        Ok(std::mem::take(map))
+    };
+    let want = defining(&config)?;
+    let mut names: Option<Vec<String>> = None;
     for dir in inputs {
         let c = ModelConfig::load(&dir.join("config.json"))?;
-        if c.vocab_size != config.vocab_size
-            || c.d_model != config.d_model
-            || c.encoder_layers != config.encoder_layers
-            || c.decoder_layers != config.decoder_layers
-        {
+        let got = defining(&c)?;
+        if let Some((key, a)) = want.iter().find(|(k, v)| got.get(*k) != Some(v)) {
             bail!(
-                "{}: its config differs from {}",
+                "{}: its config differs from {}'s in {key} ({} vs {a}): these checkpoints are not of one model",
                 dir.display(),
-                first.display()
+                first.display(),
+                got.get(key).map_or("absent".into(), |v| v.to_string())
             );
         }
         let p = dir.join("model.safetensors");
         let t = candle_core::safetensors::load(&p, &Device::Cpu)
             .with_context(|| format!("{}: cannot read weights", p.display()))?;
+        let mut these: Vec<String> = t.keys().cloned().collect();
+        these.sort();
+        match &names {
+            None => names = Some(these),
+            Some(n) if *n != these => bail!(
+                "{}: holds other tensors than {}",
+                p.display(),
+                first.display()
+            ),
+            Some(_) => {}
+        }
         for (k, v) in t {
             let v = v.to_dtype(DType::F32)?;
             let acc = match sum.remove(&k) {
-                Some(a) => (a + v)?,
+                Some(a) => (a + v).with_context(|| format!("{}: tensor {k}", p.display()))?,
                 None => v,
             };
             sum.insert(k, acc);
