@@ -4,6 +4,7 @@ use crate::data::tokenizer::SubwordModel;
 use crate::eval::bleu::Smooth;
 use crate::eval::tokenizers::MetricTokenizer;
 use crate::train::schedule::Schedule;
+use crate::translate::SearchOptions;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -342,7 +343,7 @@ pub struct TranslateArgs {
     #[arg(long, default_value_t = 1)]
     pub beam: usize,
     /// Length penalty α: hypotheses are ranked by sum log-prob / length^α.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SearchOptions::default().length_penalty)]
     pub length_penalty: f64,
     /// Use GNMT's ((5+len)/6)^α instead of len^α.
     #[arg(long)]
@@ -351,13 +352,13 @@ pub struct TranslateArgs {
     #[arg(long, value_name = "K")]
     pub nbest: Option<usize>,
     /// Output length limit a·source_length + b (tokens): a.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = SearchOptions::default().max_len_a)]
     pub max_len_a: f64,
     /// Output length limit a·source_length + b (tokens): b.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = SearchOptions::default().max_len_b)]
     pub max_len_b: usize,
     /// Sentences per batch.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = SearchOptions::default().batch_size)]
     pub batch_size: usize,
     /// Lines read ahead, in batches, and sorted by length before batching (Marian's
     /// --maxi-batch): batches of similar lengths decode faster. Output order is unchanged.

@@ -154,17 +154,17 @@ fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
     let loaded = crate::hub::load(&crate::hub::resolve(model)?, &device, dtype)?;
     let opts = crate::translate::SearchOptions {
         beam: beam.max(1),
-        length_penalty: 1.0,
-        gnmt: false,
-        nbest: 1,
-        max_len_a: 1.5,
-        max_len_b: 10,
-        batch_size: 64,
-        scores: false,
+        ..Default::default()
     };
     let mut lines = Vec::with_capacity(source.lines.len());
     for (i, chunk) in source.lines.chunks(640).enumerate() {
-        for t in crate::translate::translate_batch(&loaded, chunk, i * 640 + 1, &opts)? {
+        for t in crate::translate::translate_batch(
+            &loaded.model,
+            &loaded.tokenizer,
+            chunk,
+            i * 640 + 1,
+            &opts,
+        )? {
             lines.push(py_rstrip(&t.hypotheses[0].0).to_string());
         }
     }

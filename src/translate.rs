@@ -1,14 +1,19 @@
-//! `nmt translate`'s input path: streaming lines from a reader in windows filled from what is
-//! available, sorted by length into batches inside a window, written back in input order.
+//! The one path from text to translation, used by `nmt translate`, `nmt eval --model` and
+//! validation during training: lines tokenized, sorted by length into batches, searched
+//! (greedy or beam), detokenized, returned in input order; and `nmt translate`'s streaming of
+//! lines from a reader in windows filled from what is available.
 
 use crate::data::corpus::LineReader;
+use crate::data::tokenizer::SubwordTokenizer;
 use crate::decode::{self, beam};
 use crate::hub::LoadedModel;
+use crate::model::Seq2Seq;
 use anyhow::Result;
 use std::io::Write;
 use std::sync::mpsc;
 
-/// Search settings for a translation run.
+/// Search settings for a translation run; `Default` is greedy search with the output limit
+/// 1.5 · source length + 10 in batches of 64, the defaults of `nmt translate`.
 #[derive(Debug, Clone, Copy)]
 pub struct SearchOptions {
     /// Beam size (1: greedy).
@@ -30,6 +35,21 @@ pub struct SearchOptions {
     pub scores: bool,
 }
 
+impl Default for SearchOptions {
+    fn default() -> Self {
+        Self {
+            beam: 1,
+            length_penalty: 1.0,
+            gnmt: false,
+            nbest: 1,
+            max_len_a: 1.5,
+            max_len_b: 10,
+            batch_size: 64,
+            scores: false,
+        }
+    }
+}
+
 /// One translated sentence: its hypotheses, best first.
 #[derive(Debug, Clone)]
 pub struct Translation {
@@ -42,12 +62,13 @@ pub struct Translation {
 /// empty translations without touching the model, and lines longer than the model's
 /// positions are truncated with a warning. Results come back in the order of `lines`.
 pub fn translate_batch(
-    m: &LoadedModel,
+    model: &Seq2Seq,
+    tokenizer: &SubwordTokenizer,
     lines: &[String],
     first_line_no: usize,
     opts: &SearchOptions,
 ) -> Result<Vec<Translation>> {
-    let max_src = m.model.config.max_position_embeddings;
+    let max_src = model.config.max_position_embeddings;
     let mut out: Vec<Translation> = vec![
         Translation {
             hypotheses: vec![(String::new(), 0.0, 0)]
@@ -55,7 +76,7 @@ pub fn translate_batch(
         lines.len()
     ];
     let mut todo: Vec<(usize, Vec<u32>)> = Vec::new();
-    let encoded = m.tokenizer.encode_batch(lines)?;
+    let encoded = tokenizer.encode_batch(lines)?;
     for (i, (line, mut ids)) in lines.iter().zip(encoded).enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -69,20 +90,21 @@ pub fn translate_batch(
             );
             ids.truncate(max_src - 1);
         }
-        ids.push(m.tokenizer.eos_id);
+        ids.push(tokenizer.eos_id);
         todo.push((i, ids));
     }
     todo.sort_by_key(|(_, ids)| ids.len());
     // Batches of similar lengths: less padding, and sentences that end at about the same step.
     for chunk in todo.chunks(opts.batch_size.max(1)) {
-        decode_sorted(m, chunk, opts, &mut out)?;
+        decode_sorted(model, tokenizer, chunk, opts, &mut out)?;
     }
     Ok(out)
 }
 
 /// Decodes one batch of (line index, source ids) into `out`.
 fn decode_sorted(
-    m: &LoadedModel,
+    model: &Seq2Seq,
+    tokenizer: &SubwordTokenizer,
     todo: &[(usize, Vec<u32>)],
     opts: &SearchOptions,
     out: &mut [Translation],
@@ -90,7 +112,7 @@ fn decode_sorted(
     let srcs: Vec<Vec<u32>> = todo.iter().map(|(_, ids)| ids.clone()).collect();
     let lens: Vec<usize> = srcs
         .iter()
-        .map(|s| decode::max_len(&m.model, s.len(), opts.max_len_a, opts.max_len_b))
+        .map(|s| decode::max_len(model, s.len(), opts.max_len_a, opts.max_len_b))
         .collect();
     let bo = beam::BeamOptions {
         beam: opts.beam,
@@ -98,25 +120,22 @@ fn decode_sorted(
         gnmt: opts.gnmt,
     };
     if opts.beam <= 1 {
-        let found = decode::greedy(&m.model, &srcs, &lens, opts.scores)?;
+        let found = decode::greedy(model, &srcs, &lens, opts.scores)?;
         for ((i, _), (ids, log_prob)) in todo.iter().zip(found) {
             out[*i] = Translation {
                 hypotheses: vec![(
-                    m.tokenizer.decode(&ids)?,
+                    tokenizer.decode(&ids)?,
                     log_prob / bo.penalty(ids.len() + 1),
                     ids.len(),
                 )],
             };
         }
     } else {
-        for ((i, _), hyps) in todo
-            .iter()
-            .zip(beam::beam_search(&m.model, &srcs, &lens, bo)?)
-        {
+        for ((i, _), hyps) in todo.iter().zip(beam::beam_search(model, &srcs, &lens, bo)?) {
             let hypotheses = hyps
                 .iter()
                 .take(opts.nbest.max(1))
-                .map(|h| Ok((m.tokenizer.decode(&h.tokens)?, h.score, h.tokens.len())))
+                .map(|h| Ok((tokenizer.decode(&h.tokens)?, h.score, h.tokens.len())))
                 .collect::<Result<_>>()?;
             out[*i] = Translation { hypotheses };
         }
@@ -198,7 +217,7 @@ pub fn stream(
                     Err(_) => break,
                 }
             }
-            let translations = translate_batch(m, &batch, index + 1, opts)?;
+            let translations = translate_batch(&m.model, &m.tokenizer, &batch, index + 1, opts)?;
             for (src, t) in batch.iter().zip(&translations) {
                 write_translation(out, index, src, t, f)?;
                 index += 1;

@@ -442,3 +442,36 @@ fn a_full_disk_is_a_clear_error_and_keeps_the_previous_checkpoint() {
     );
     assert_eq!(a, b, "the kept checkpoint is the complete step-2 one");
 }
+
+/// Validation translates through the path `nmt translate` takes: an empty line stays empty
+/// (no model call), and a line longer than the model's positions is truncated with a warning
+/// naming it.
+#[test]
+fn validation_translates_like_translate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, tgt) = toy_corpus(dir.path(), "train", 5, 100);
+    let (vsrc, vtgt) = (dir.path().join("v.src"), dir.path().join("v.tgt"));
+    let long = "1 ".repeat(300);
+    std::fs::write(&vsrc, format!("1 2 3\n\n{long}\n")).unwrap();
+    std::fs::write(&vtgt, "one two three\n\none\n").unwrap();
+    let run = dir.path().join("run");
+    let extra = [
+        "--valid-src",
+        s(&vsrc),
+        "--valid-tgt",
+        s(&vtgt),
+        "--max-steps",
+        "2",
+        "--valid-every",
+        "2",
+    ];
+    let args = tiny_train(&src, &tgt, &run, &extra);
+    let out = common::nmt(&args.iter().map(String::as_str).collect::<Vec<_>>(), b"");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: line 3:") && err.contains("truncated"),
+        "{err}"
+    );
+    assert!(err.contains("val_bleu"), "{err}");
+}

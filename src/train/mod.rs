@@ -12,10 +12,10 @@ pub mod schedule;
 
 use crate::data::batch::{epoch_order, Batch, Mixture};
 use crate::data::tokenizer::SubwordTokenizer;
-use crate::decode;
 use crate::eval::{bleu::Bleu, Metric};
 use crate::model::weights::Weights;
 use crate::model::{ops, Dropout, ModelConfig, Seq2Seq};
+use crate::translate::SearchOptions;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use checkpoint::{Checkpoint, TrainerState};
@@ -190,7 +190,23 @@ impl Trainer<'_> {
                 .to_scalar::<f32>()? as f64;
             n += b.n_tokens;
         }
-        let hyps = translate_greedy(&self.model, &self.tok, &valid.sources)?;
+        // Greedy, through the path `nmt translate` takes.
+        let hyps: Vec<String> = crate::translate::translate_batch(
+            &self.model,
+            &self.tok,
+            &valid.sources,
+            1,
+            &SearchOptions::default(),
+        )?
+        .into_iter()
+        .map(|t| {
+            t.hypotheses
+                .into_iter()
+                .next()
+                .map(|h| h.0)
+                .unwrap_or_default()
+        })
+        .collect();
         let metric = Metric::Bleu(Bleu::default());
         let stats = metric.corpus_stats(&hyps, &valid.refs);
         Ok(Validation {
@@ -209,37 +225,6 @@ impl Trainer<'_> {
         }
         .save(step_dir)
     }
-}
-
-/// Translates `sources` greedily in length-sorted batches; returns detokenized text in order.
-pub fn translate_greedy(
-    model: &Seq2Seq,
-    tok: &SubwordTokenizer,
-    sources: &[String],
-) -> Result<Vec<String>> {
-    let max_src = model.config.max_position_embeddings;
-    let mut encoded = tok.encode_batch(sources)?;
-    for e in &mut encoded {
-        e.truncate(max_src - 1);
-        e.push(tok.eos_id);
-    }
-    let mut order: Vec<usize> = (0..encoded.len()).collect();
-    order.sort_by_key(|&i| encoded[i].len());
-    let mut out = vec![String::new(); sources.len()];
-    for chunk in order.chunks(64) {
-        let srcs: Vec<Vec<u32>> = chunk.iter().map(|&i| encoded[i].clone()).collect();
-        let lens: Vec<usize> = srcs
-            .iter()
-            .map(|s| decode::max_len(model, s.len(), 1.5, 10))
-            .collect();
-        for (&i, (ids, _)) in chunk
-            .iter()
-            .zip(decode::greedy(model, &srcs, &lens, false)?)
-        {
-            out[i] = tok.decode(&ids)?;
-        }
-    }
-    Ok(out)
 }
 
 /// Runs a training job.
