@@ -151,7 +151,7 @@ fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
     let (device, dtype) = select_device(args.device, args.dtype)?;
     let beam = args.beam;
     let source = read_corpus(src)?;
-    let loaded = crate::hub::load(&crate::hub::resolve(model)?, &device, dtype)?;
+    let loaded = crate::checkpoint::load(&crate::checkpoint::resolve(model)?, &device, dtype)?;
     let opts = crate::translate::SearchOptions {
         beam: beam.max(1),
         ..Default::default()
@@ -468,7 +468,7 @@ pub fn train(args: TrainArgs) -> Result<i32> {
 pub fn average(args: AverageArgs) -> Result<()> {
     let inputs = match &args.run {
         Some(run) => {
-            let all = crate::train::checkpoint::list_checkpoints(run)?;
+            let all = crate::checkpoint::list_checkpoints(run)?;
             if all.is_empty() {
                 bail!("{}: no checkpoints found under checkpoints/", run.display());
             }
@@ -476,7 +476,7 @@ pub fn average(args: AverageArgs) -> Result<()> {
         }
         None => args.checkpoints.clone(),
     };
-    crate::train::average(&inputs, &args.output)?;
+    crate::checkpoint::average(&inputs, &args.output)?;
     eprintln!(
         "averaged {} checkpoints into {}",
         inputs.len(),
@@ -494,8 +494,8 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         bail!("--nbest must be between 1 and --beam ({})", args.beam);
     }
     let (device, dtype) = select_device(args.device, args.dtype)?;
-    let dir = crate::hub::resolve(&args.model)?;
-    let model = crate::hub::load(&dir, &device, dtype)?;
+    let dir = crate::checkpoint::resolve(&args.model)?;
+    let model = crate::checkpoint::load(&dir, &device, dtype)?;
     let opts = crate::translate::SearchOptions {
         beam: args.beam,
         length_penalty: args.length_penalty,

@@ -1,12 +1,12 @@
 //! nmt: neural machine translation in one binary. The library holds everything; the binary
 //! only parses the command line (see `cli`) and dispatches.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod data;
 pub mod decode;
 pub mod eval;
-pub mod hub;
 pub mod io;
 pub mod model;
 pub mod progress;

@@ -3,10 +3,10 @@
 //! (greedy or beam), detokenized, returned in input order; and `nmt translate`'s streaming of
 //! lines from a reader in windows filled from what is available.
 
+use crate::checkpoint::LoadedModel;
 use crate::data::corpus::LineReader;
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::decode::{self, beam};
-use crate::hub::LoadedModel;
 use crate::model::Seq2Seq;
 use anyhow::Result;
 use std::io::Write;

@@ -22,7 +22,7 @@ fn recorded() -> serde_json::Value {
 fn sentencepiece_segmentation_and_marian_ids_equal_transformers() {
     let f = recorded();
     let spm = SpmModel::load(&fixture().join("source.spm")).unwrap();
-    let m = nmt::hub::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
+    let m = nmt::checkpoint::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
     for case in f["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         let pieces: Vec<String> = serde_json::from_value(case["spm_pieces"].clone()).unwrap();
@@ -37,7 +37,7 @@ fn sentencepiece_segmentation_and_marian_ids_equal_transformers() {
 #[test]
 fn detokenization_equals_marian_tokenizer_decode() {
     let f = recorded();
-    let m = nmt::hub::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
+    let m = nmt::checkpoint::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
     for case in f["decodes"].as_array().unwrap() {
         let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
         assert_eq!(
@@ -51,7 +51,7 @@ fn detokenization_equals_marian_tokenizer_decode() {
 #[test]
 fn greedy_and_beam_search_equal_transformers_generate() {
     let f = recorded();
-    let m = nmt::hub::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
+    let m = nmt::checkpoint::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
     let sources = common::id_rows(&f["sources"]);
     for case in f["searches"].as_array().unwrap() {
         let beam_size = case["beam"].as_u64().unwrap() as usize;

@@ -20,7 +20,7 @@ fn recorded() -> serde_json::Value {
 fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
     let f = recorded();
     assert_eq!(f["loaded_with"], "MarianMTModel.from_pretrained");
-    let m = nmt::hub::load(&toy(), &Device::Cpu, DType::F32).unwrap();
+    let m = nmt::checkpoint::load(&toy(), &Device::Cpu, DType::F32).unwrap();
     let tensor = |rows: Vec<Vec<u32>>| {
         let (b, t) = (rows.len(), rows[0].len());
         Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap()
@@ -41,7 +41,7 @@ fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
 #[test]
 fn greedy_and_beam_search_equal_transformers_generate() {
     let f = recorded();
-    let m = nmt::hub::load(&toy(), &Device::Cpu, DType::F32).unwrap();
+    let m = nmt::checkpoint::load(&toy(), &Device::Cpu, DType::F32).unwrap();
     let sources = common::id_rows(&f["sources"]);
     for case in f["cases"].as_array().unwrap() {
         let beam_size = case["beam"].as_u64().unwrap() as usize;

@@ -49,25 +49,31 @@ const SHARED_ALIASES: &[&str] = &[
     "lm_head.weight",
 ];
 
+/// The tensors of a weights file by name: `model.safetensors`, or a PyTorch
+/// `pytorch_model.bin` (read without executing its pickle). The one place weights are read
+/// (models, resumed training, averaging).
+pub fn read_tensors(path: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    if !path.is_file() {
+        bail!("{}: no such weights file", path.display());
+    }
+    if path.extension().is_some_and(|e| e == "bin") {
+        candle_core::pickle::read_all(path)
+            .map_err(|e| anyhow!("{}: not a valid PyTorch weights file: {e}", path.display()))?
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.to_device(device)?)))
+            .collect()
+    } else {
+        candle_core::safetensors::load(path, device)
+            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))
+    }
+}
+
 impl Weights {
     /// Tensors from a `model.safetensors` file (or a PyTorch `pytorch_model.bin`, as older
     /// OPUS-MT repos publish, read without executing its pickle), converted to `dtype` on
     /// `device`.
     pub fn load(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        if !path.is_file() {
-            bail!("{}: no such weights file", path.display());
-        }
-        let tensors = if path.extension().is_some_and(|e| e == "bin") {
-            candle_core::pickle::read_all(path)
-                .map_err(|e| anyhow!("{}: not a valid PyTorch weights file: {e}", path.display()))?
-                .into_iter()
-                .map(|(k, t)| Ok((k, t.to_device(device)?)))
-                .collect::<Result<HashMap<_, _>>>()?
-        } else {
-            candle_core::safetensors::load(path, device)
-                .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?
-        };
-        let tensors = tensors
+        let tensors = read_tensors(path, device)?
             .into_iter()
             .map(|(k, t)| Ok((k, t.to_dtype(dtype)?)))
             .collect::<Result<HashMap<_, _>>>()?;

@@ -2,7 +2,6 @@
 //! Adam with warm-up, clipping), validation with BLEU through the same code as `nmt eval`,
 //! checkpoints, exact resume, early stopping and averaging.
 
-pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod loss;
@@ -10,20 +9,19 @@ pub mod optim;
 pub mod plot;
 pub mod schedule;
 
+use crate::checkpoint::{self, Checkpoint, TrainerState};
 use crate::data::batch::{epoch_order, Batch, Mixture};
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::eval::{bleu::Bleu, Metric};
-use crate::model::weights::Weights;
+use crate::model::weights::{read_tensors, Weights};
 use crate::model::{ops, Dropout, ModelConfig, Seq2Seq};
 use crate::translate::SearchOptions;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
-use checkpoint::{Checkpoint, TrainerState};
 use config::{parse_duration, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use optim::{Adam, AdamConfig};
 use serde_json::json;
-use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -301,8 +299,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         bad_validations: 0,
     };
     if let Some(s) = resume_state {
-        let saved = candle_core::safetensors::load(last.join("model.safetensors"), &job.device)
-            .with_context(|| format!("{}: cannot read weights", last.display()))?;
+        let saved = read_tensors(&last.join("model.safetensors"), &job.device)?;
         for (name, var) in opt.vars() {
             let t = saved
                 .get(name)
@@ -644,82 +641,4 @@ fn train_loop(
             .unwrap_or_default()
     );
     Ok(outcome)
-}
-
-/// Averages the weights of several checkpoints (same config) into a new checkpoint folder.
-pub fn average(inputs: &[PathBuf], output: &Path) -> Result<()> {
-    if inputs.is_empty() {
-        bail!("no checkpoints to average");
-    }
-    let first = &inputs[0];
-    let config = ModelConfig::load(&first.join("config.json"))?;
-    let tok = SubwordTokenizer::load(&first.join("tokenizer.json"))?;
-    let mut sum: HashMap<String, Tensor> = HashMap::new();
-    // Every field that defines the model must agree (dropout rates and the initialisation
-    // scale, which only training reads, and metadata outside the model's own may differ).
-    let defining = |c: &ModelConfig| -> Result<serde_json::Map<String, serde_json::Value>> {
-        let mut v = serde_json::to_value(ModelConfig {
-            extra: Default::default(),
-            ..c.clone()
-        })?;
-        let map = v.as_object_mut().expect("a config is an object");
-        for training_only in [
-            "dropout",
-            "attention_dropout",
-            "activation_dropout",
-            "init_std",
-        ] {
-            map.remove(training_only);
-        }
-        Ok(std::mem::take(map))
-    };
-    let want = defining(&config)?;
-    let mut names: Option<Vec<String>> = None;
-    for dir in inputs {
-        let c = ModelConfig::load(&dir.join("config.json"))?;
-        let got = defining(&c)?;
-        if let Some((key, a)) = want.iter().find(|(k, v)| got.get(*k) != Some(v)) {
-            bail!(
-                "{}: its config differs from {}'s in {key} ({} vs {a}): these checkpoints are not of one model",
-                dir.display(),
-                first.display(),
-                got.get(key).map_or("absent".into(), |v| v.to_string())
-            );
-        }
-        let p = dir.join("model.safetensors");
-        let t = candle_core::safetensors::load(&p, &Device::Cpu)
-            .with_context(|| format!("{}: cannot read weights", p.display()))?;
-        let mut these: Vec<String> = t.keys().cloned().collect();
-        these.sort();
-        match &names {
-            None => names = Some(these),
-            Some(n) if *n != these => bail!(
-                "{}: holds other tensors than {}",
-                p.display(),
-                first.display()
-            ),
-            Some(_) => {}
-        }
-        for (k, v) in t {
-            let v = v.to_dtype(DType::F32)?;
-            let acc = match sum.remove(&k) {
-                Some(a) => (a + v).with_context(|| format!("{}: tensor {k}", p.display()))?,
-                None => v,
-            };
-            sum.insert(k, acc);
-        }
-    }
-    let n = inputs.len() as f64;
-    let tensors = sum
-        .into_iter()
-        .map(|(k, v)| Ok((k, (v / n)?)))
-        .collect::<Result<HashMap<_, _>>>()?;
-    Checkpoint {
-        config: &config,
-        tensors,
-        tokenizer: &tok,
-        optimizer: None,
-        state: None,
-    }
-    .save(output)
 }

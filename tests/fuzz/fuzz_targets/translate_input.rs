@@ -6,7 +6,7 @@
 use candle_core::{DType, Device};
 use libfuzzer_sys::fuzz_target;
 use nmt::data::corpus::LineReader;
-use nmt::hub::LoadedModel;
+use nmt::checkpoint::LoadedModel;
 use nmt::translate::{stream, OutputFormat, SearchOptions};
 use std::io::Cursor;
 use std::path::Path;
@@ -16,7 +16,7 @@ static MODELS: LazyLock<Vec<LoadedModel>> = LazyLock::new(|| {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
     ["nmt-toy", "opus-tiny"]
         .iter()
-        .map(|m| nmt::hub::load(&fixtures.join(m), &Device::Cpu, DType::F32).unwrap())
+        .map(|m| nmt::checkpoint::load(&fixtures.join(m), &Device::Cpu, DType::F32).unwrap())
         .collect()
 });
 

@@ -2,11 +2,11 @@
 //! Hugging Face Hub repo id fetched into the standard HF cache (offline with HF_HUB_OFFLINE=1).
 //! Loading the resolved folder into a model and tokenizer is also here.
 
+use super::folder::resolve_model_dir;
 use crate::data::opus;
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::model::weights::Weights;
 use crate::model::{ModelConfig, Seq2Seq};
-use crate::train::checkpoint::resolve_model_dir;
 use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
