@@ -630,10 +630,21 @@ fn every_subcommand_rejects_bad_input_clearly() {
             fails(&[&missing, "no checkpoints"]),
         ),
     ];
-    // Permissions do not bind root, so the unreadable-file row runs only for other users.
+    // Permissions do not bind root: for root, the unreadable file is a link to itself, which
+    // nobody can open.
     let unreadable = write(d.join("unreadable.txt"), b"1 2\n");
     let mut rows = rows;
-    if unsafe { libc::geteuid() } != 0 {
+    if unsafe { libc::geteuid() } == 0 {
+        std::fs::remove_file(&unreadable).unwrap();
+        std::os::unix::fs::symlink(&unreadable, &unreadable).unwrap();
+        let unreadable = s(&unreadable).to_string();
+        rows.push(row(
+            "eval: unopenable hypotheses",
+            &["eval", "--ref", &unreadable, "--hyp", &unreadable],
+            b"",
+            fails(&[&unreadable, "cannot open"]),
+        ));
+    } else {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&unreadable, std::fs::Permissions::from_mode(0o000)).unwrap();
         let unreadable = s(&unreadable).to_string();
