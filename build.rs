@@ -1,4 +1,4 @@
-//! With the `cuda` feature: compiles src/model/kernels.cu to PTX with nvcc (CUDA_HOME/bin or
+//! With the `cuda` feature: compiles src/ops/cuda/kernels.cu to PTX with nvcc (CUDA_HOME/bin or
 //! PATH; the host compiler from NVCC_CCBIN; the architecture from CUDA_COMPUTE_CAP, default 80,
 //! whose PTX newer GPUs also run). Without it, nothing: the CPU build needs no CUDA toolkit.
 
@@ -8,7 +8,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
-    println!("cargo::rerun-if-changed=src/model/kernels.cu");
+    println!("cargo::rerun-if-changed=src/ops/cuda/kernels.cu");
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
@@ -22,7 +22,7 @@ fn main() {
     let mut cmd = Command::new(&nvcc);
     cmd.args(["--ptx", "-O3", "-std=c++17"])
         .arg(format!("-arch=sm_{cap}"))
-        .arg("src/model/kernels.cu")
+        .arg("src/ops/cuda/kernels.cu")
         .arg("-o")
         .arg(&out);
     if let Some(ccbin) = env::var_os("NVCC_CCBIN") {
@@ -31,5 +31,5 @@ fn main() {
     let status = cmd
         .status()
         .unwrap_or_else(|e| panic!("--features cuda needs nvcc ({}): {e}", nvcc.display()));
-    assert!(status.success(), "nvcc failed on src/model/kernels.cu");
+    assert!(status.success(), "nvcc failed on src/ops/cuda/kernels.cu");
 }

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod eval;
 pub mod io;
 pub mod model;
+pub mod ops;
 pub mod progress;
 pub mod rng;
 pub mod runtime;

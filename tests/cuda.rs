@@ -148,7 +148,7 @@ fn loss_and_grads(
         .unwrap();
     let h = m.decode(&t, &tgt_bias, &memory, &src_bias, &drop).unwrap();
     let logits = m.logits(&h.flatten(0, 1).unwrap()).unwrap();
-    let per_row = nmt::model::ops::smoothed_cross_entropy(&logits, &labels, 0.1).unwrap();
+    let per_row = nmt::ops::smoothed_cross_entropy(&logits, &labels, 0.1).unwrap();
     let loss = per_row.narrow(1, 0, 1).unwrap().sum_all().unwrap();
     let store = loss.backward().unwrap();
     let grads = w

@@ -3,8 +3,8 @@
 
 pub mod beam;
 
-use crate::model::ops::{self, exp_sum, row_max, with_host_f32};
 use crate::model::{Dropout, Seq2Seq};
+use crate::ops::{self, exp_sum, row_max, with_host_f32};
 use anyhow::Result;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use rayon::prelude::*;

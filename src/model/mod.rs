@@ -4,14 +4,10 @@
 //! second, `final_logits_bias`, post-norm residual blocks). Batching, losses and search live
 //! elsewhere; this module only maps token ids to hidden states and logits.
 
-pub mod attention;
 pub mod config;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod ops;
-pub mod packed;
 pub mod weights;
 
+use crate::ops;
 use crate::rng::Rng;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -97,7 +93,7 @@ pub struct Linear {
     bias: Tensor,
     /// Weights loaded from a file never change: they are packed once, on first use, for the
     /// inference kernel (`None` inside where it cannot run). Trainable ones are not.
-    packed: Option<OnceLock<Option<packed::Packed>>>,
+    packed: Option<OnceLock<Option<ops::packed::Packed>>>,
 }
 
 impl Linear {
@@ -135,7 +131,7 @@ impl Linear {
 
     /// The packed weights of a layer loaded from a file, for CPU f32 inputs, where the kernel
     /// runs (packed on first use).
-    fn packed(&self, x: &Tensor) -> Result<Option<&packed::Packed>> {
+    fn packed(&self, x: &Tensor) -> Result<Option<&ops::packed::Packed>> {
         let Some(cell) = &self.packed else {
             return Ok(None);
         };
@@ -143,7 +139,7 @@ impl Linear {
             return Ok(None);
         }
         if cell.get().is_none() {
-            let p = packed::Packed::new(&self.weight, &self.bias)?;
+            let p = ops::packed::Packed::new(&self.weight, &self.bias)?;
             let _ = cell.set(p);
         }
         Ok(cell.get().and_then(|p| p.as_ref()))
@@ -311,7 +307,7 @@ impl Attention {
                 Some(l) => l.forward(x)?,
                 None => Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])?.forward(x)?,
             };
-            let ctx = attention::self_attention(&qkv, self.heads, Some(bias))?;
+            let ctx = ops::attention::self_attention(&qkv, self.heads, Some(bias))?;
             return self.out_proj.forward(&ctx);
         }
         let (k, v) = self.keys_values(x)?;
@@ -331,7 +327,7 @@ impl Attention {
         if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
             let q = self.q_proj.forward(x)?;
             let kv = Linear::stack(&[&self.k_proj, &self.v_proj])?.forward(memory)?;
-            let ctx = attention::cross_attention(&q, &kv, self.heads, Some(bias))?;
+            let ctx = ops::attention::cross_attention(&q, &kv, self.heads, Some(bias))?;
             return self.out_proj.forward(&ctx);
         }
         let (k, v) = self.keys_values(memory)?;

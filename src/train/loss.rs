@@ -15,9 +15,8 @@ pub fn label_smoothed_nll(
     epsilon: f64,
     with_grad: bool,
 ) -> Result<(Tensor, Tensor)> {
-    let sums = crate::model::ops::projected_cross_entropy(
-        hidden, weight, bias, labels, epsilon, with_grad,
-    )?;
+    let sums =
+        crate::ops::projected_cross_entropy(hidden, weight, bias, labels, epsilon, with_grad)?;
     Ok((sums.get(0)?, sums.get(1)?))
 }
 

@@ -1,7 +1,7 @@
 //! Adam with decoupled weight decay, gradient-norm clipping, and a state that is saved and
 //! restored exactly (candle's VarMap saves weights only).
 
-use crate::model::ops::{slice, wide};
+use crate::ops::{slice, wide};
 use anyhow::{bail, Context, Result};
 use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Tensor, Var};
 use rayon::prelude::*;
@@ -58,7 +58,7 @@ pub struct Adam {
     device_masks: Option<(Tensor, Option<Tensor>)>,
     /// The parameters' layout and masks for the CUDA kernels, made at their first update.
     #[cfg(feature = "cuda")]
-    cuda_tables: Option<crate::model::cuda::AdamTables>,
+    cuda_tables: Option<crate::ops::cuda::AdamTables>,
     /// The global gradient norm of the last update (before clipping), where it was computed:
     /// on a GPU, reading it would wait for the device.
     last_norm: Option<Tensor>,
@@ -145,7 +145,7 @@ impl Adam {
             );
         }
         #[cfg(feature = "cuda")]
-        if self.n > 0 && crate::model::cuda::serves(self.slots[0].var.as_tensor()) {
+        if self.n > 0 && crate::ops::cuda::serves(self.slots[0].var.as_tensor()) {
             let norm = self.update_cuda(grads, scale, clip_norm, lr)?;
             self.last_norm = Some(norm);
             return Ok(());
@@ -178,7 +178,7 @@ impl Adam {
         clip_norm: f64,
         lr: f64,
     ) -> Result<Tensor> {
-        use crate::model::cuda::{adam_update, AdamArgs, AdamTables};
+        use crate::ops::cuda::{adam_update, AdamArgs, AdamTables};
         let candle_core::Device::Cuda(dev) = self.state.device() else {
             bail!("the optimizer state is not on the GPU");
         };

@@ -7,7 +7,7 @@
 //! Every `unsafe` here is an allocation left uninitialised for a kernel that writes all of it,
 //! or a launch whose arguments follow the kernel's signature in kernels.cu.
 
-use super::ops::DropoutMask;
+use super::DropoutMask;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,

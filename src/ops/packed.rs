@@ -8,7 +8,8 @@
 //! the general path. It owns only the packed copies: trainable weights, which change at every
 //! step, must not be packed (`Linear` packs only weights loaded from a file).
 
-use super::ops::OutPtr;
+use super::cpu::{has_avx512, OutPtr};
+use super::slice;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -31,10 +32,7 @@ impl Packed {
     /// Packs `weight` (out, in) and `bias` (out, or 1×out), both CPU f32; `None` where the
     /// kernel cannot run (other devices or dtypes, no AVX-512).
     pub fn new(weight: &Tensor, bias: &Tensor) -> Result<Option<Self>> {
-        if !super::ops::has_avx512()
-            || !weight.device().is_cpu()
-            || weight.dtype() != candle_core::DType::F32
-        {
+        if !has_avx512() || !weight.device().is_cpu() || weight.dtype() != candle_core::DType::F32 {
             return Ok(None);
         }
         let (n_out, k) = weight.dims2()?;
@@ -200,7 +198,7 @@ impl CustomOp1 for PackedOp<'_> {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = super::ops::slice(s, l)?;
+        let x = slice(s, l)?;
         let k = self.w.k;
         if l.dims().last() != Some(&k) {
             candle_core::bail!("packed linear: input {:?}, weight in {k}", l.dims());
@@ -220,7 +218,7 @@ impl CustomOp1 for PackedOp<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ops::tests::max_diff;
+    use crate::ops::tests::max_diff;
     use candle_core::Device;
 
     #[test]

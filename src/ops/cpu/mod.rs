@@ -1,0 +1,132 @@
+//! CPU building blocks of the ops: AVX-512 dispatch (`wide`), lane-parallel reductions and
+//! the exponential, and a shared output pointer for parallel writers. Matrix products are in
+//! `matmul`.
+
+pub mod matmul;
+
+/// Whether this CPU has AVX-512 F, DQ, BW and VL (every AVX-512 CPU since Skylake-SP and
+/// Zen 4; detected once, the standard library caches it).
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Runs `f` inside a function compiled for AVX-512 where the CPU has it, so that the loops
+/// inlined into it vectorise 16 lanes wide rather than the baseline x86-64 target's 4. Results
+/// are the same either way: element-wise arithmetic is unchanged (no fused multiply-add is
+/// formed) and the reductions keep their `LANES` partial sums.
+#[inline(always)]
+pub fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
+        unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        if has_avx512() {
+            // SAFETY: the CPU supports the enabled feature.
+            return unsafe { run(f) };
+        }
+    }
+    f()
+}
+
+/// An output shared by parallel tasks, each writing its own disjoint elements.
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+// SAFETY: every user hands each task disjoint elements of the output.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element at `i`.
+    ///
+    /// # Safety
+    /// `i` lies inside the output, and no other task touches that element meanwhile.
+    pub(crate) unsafe fn at(&self, i: usize) -> *mut f32 {
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// Lanes of the vectorisable reductions below: independent partial sums the compiler can keep
+/// in SIMD registers (a plain left-to-right float sum cannot be reordered, so it runs serially).
+pub(crate) const LANES: usize = 16;
+
+#[inline(always)]
+pub(crate) fn lanes_fold(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> [f32; LANES] {
+    let mut acc = [init; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            acc[i] = f(acc[i], c[i]);
+        }
+    }
+    for (i, &v) in chunks.remainder().iter().enumerate() {
+        acc[i] = f(acc[i], v);
+    }
+    acc
+}
+
+/// Maximum of a row (−∞ for an empty one).
+#[inline(always)]
+pub fn row_max(x: &[f32]) -> f32 {
+    lanes_fold(x, f32::NEG_INFINITY, f32::max)
+        .into_iter()
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Sum of a row, in `LANES` partial sums.
+#[inline(always)]
+pub(crate) fn row_sum(x: &[f32]) -> f32 {
+    lanes_fold(x, 0.0, |a, b| a + b).into_iter().sum()
+}
+
+/// e^x in f32 without a libm call, so loops over it vectorise: Cephes' `expf` (range reduction
+/// by n·ln 2 split in two parts, degree-6 polynomial), within 2 ulp of the exact value for
+/// −87 ≤ x ≤ 88; smaller x give 0, larger saturate at e^88 (e^−87 ≈ 1.6e−38, the end of the normal range).
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
+    let underflow = x < -87.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let z = r * r;
+    let p = (((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 0.166_666_65)
+        * r
+        + 0.5)
+        * z
+        + r
+        + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let y = p * scale;
+    if underflow {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// Σ e^(x − shift) over `row`, in `LANES` partial sums.
+#[inline(always)]
+pub fn exp_sum(row: &[f32], shift: f32) -> f32 {
+    lanes_fold(row, 0.0, |a, x| a + fast_exp(x - shift))
+        .into_iter()
+        .sum()
+}
+
+/// Replaces each x of `row` by e^(x − shift) and returns their sum.
+#[inline(always)]
+pub(crate) fn exp_shifted_sum(row: &mut [f32], shift: f32) -> f32 {
+    row.iter_mut().for_each(|x| *x = fast_exp(*x - shift));
+    row_sum(row)
+}

@@ -1,0 +1,138 @@
+//! Embedding lookups: the input embedding (gather, scale, positions, dropout) as one CPU op,
+//! and row gathers whose CUDA gradient is summed by nmt's kernel.
+
+use super::cpu::*;
+use super::*;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// (table[ids] · scale + positions) · mask as one op: the scaled token embeddings plus the
+/// positions, with dropout. In Candle's primitives that is a row gather, a reshape, a scaling,
+/// a broadcast addition and the dropout: five graph nodes, each costing the backward pass a
+/// zero-filled gradient buffer and an addition. The gradient reaches only the table.
+pub(crate) struct EmbedOp {
+    scale: f32,
+    mask: Option<DropoutMask>,
+}
+
+impl CustomOp3 for EmbedOp {
+    fn name(&self) -> &'static str {
+        "nmt-embed"
+    }
+
+    /// table (V, d), ids (B, T), positions (T, d) → (B, T, d).
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (table, ids, pos) = (slice(s1, l1)?, u32_slice(s2, l2)?, slice(s3, l3)?);
+        let (v, d) = (l1.dims()[0], l1.dims()[1]);
+        let (b, t) = (l2.dims()[0], l2.dims()[1]);
+        if pos.len() != t * d {
+            candle_core::bail!("embed: positions for {} of {t} steps", pos.len() / d.max(1));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
+            candle_core::bail!("embed: id {id} is outside the vocabulary of {v}");
+        }
+        let mut y = vec![0f32; b * t * d];
+        y.par_chunks_mut(rows_per_task(d) * d)
+            .enumerate()
+            .for_each(|(c, yc)| {
+                let r0 = c * rows_per_task(d);
+                for (r, yr) in yc.chunks_mut(d).enumerate() {
+                    let (id, step) = (ids[r0 + r] as usize, (r0 + r) % t);
+                    let (e, p) = (&table[id * d..(id + 1) * d], &pos[step * d..(step + 1) * d]);
+                    for j in 0..d {
+                        yr[j] = e[j] * self.scale + p[j];
+                    }
+                }
+            });
+        let y = match &self.mask {
+            Some(m) => m.apply(&y, None),
+            None => y,
+        };
+        Ok((CpuStorage::F32(y), Shape::from((b, t, d))))
+    }
+
+    fn bwd(
+        &self,
+        table: &Tensor,
+        ids: &Tensor,
+        _pos: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (v, d) = table.dims2()?;
+        let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+        let dy = dy.contiguous()?;
+        let mut grad = vec![0f32; v * d];
+        with_host_f32(&dy, |dy| {
+            let dy = match &self.mask {
+                Some(m) => std::borrow::Cow::Owned(m.apply(dy, None)),
+                None => std::borrow::Cow::Borrowed(dy),
+            };
+            // Threads own column ranges of the table; each walks the ids in order, so every
+            // entry sums its contributions in one fixed order (an index-add's).
+            let cols = d.div_ceil(rayon::current_num_threads().max(1)).max(16);
+            let grad = OutPtr(grad.as_mut_ptr());
+            (0..d.div_ceil(cols)).into_par_iter().for_each(|c| {
+                let (j0, j1) = (c * cols, ((c + 1) * cols).min(d));
+                for (i, &id) in ids.iter().enumerate() {
+                    let at = id as usize * d;
+                    for (j, s) in dy[i * d..(i + 1) * d].iter().enumerate().take(j1).skip(j0) {
+                        // SAFETY: ids were checked against the vocabulary in the forward
+                        // pass, so at + j < v·d; tasks write disjoint column ranges.
+                        unsafe { *grad.at(at + j) += s * self.scale };
+                    }
+                }
+            });
+        })?;
+        let grad = Tensor::from_vec(grad, (v, d), table.device())?;
+        Ok((Some(grad), None, None))
+    }
+}
+
+/// Scaled embeddings of `ids` (B, T) from `table` (V, d) plus `positions` (T, d), then
+/// dropout with `mask`: (B, T, d), as one op; the gradient reaches the table only. For a CPU
+/// f32 table and u32 ids (see [`embeds_fused`]); elsewhere the caller composes Candle's ops.
+pub fn embed(
+    table: &Tensor,
+    ids: &Tensor,
+    positions: &Tensor,
+    scale: f64,
+    mask: Option<DropoutMask>,
+) -> Result<Tensor> {
+    if !embeds_fused(table, ids) {
+        candle_core::bail!("embed: needs a CPU f32 table and u32 ids");
+    }
+    let op = EmbedOp {
+        scale: scale as f32,
+        mask,
+    };
+    table
+        .contiguous()?
+        .apply_op3(&ids.contiguous()?, &positions.contiguous()?, op)
+}
+
+/// Whether [`embed`] serves this table and these ids.
+pub fn embeds_fused(table: &Tensor, ids: &Tensor) -> bool {
+    fused(table) && ids.dtype() == DType::U32
+}
+
+/// Rows `ids` (N,) of a table `w` (V, d) → (N, d): an embedding lookup, or a gather of
+/// hidden states. On CUDA with u32 ids the gradient is summed by nmt's kernels (Candle's
+/// index_add walks all ids once per column, milliseconds for a batch).
+pub fn select_rows(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if cuda_kernels(w) && ids.dtype() == DType::U32 && ids.elem_count() > 0 {
+        return w
+            .contiguous()?
+            .apply_op2(&ids.contiguous()?, super::cuda::SelectRows);
+    }
+    w.embedding(ids)
+}
