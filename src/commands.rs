@@ -318,11 +318,11 @@ fn cuda_libraries() -> Result<()> {
 }
 
 /// A new CUDA device without cudarc's per-launch event bookkeeping (see
-/// [`crate::model::cuda::single_stream`]).
+/// [`crate::ops::cuda::single_stream`]).
 fn single_stream(device: Device) -> Device {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = &device {
-        crate::model::cuda::single_stream(d);
+        crate::ops::cuda::single_stream(d);
     }
     device
 }

@@ -4,12 +4,16 @@
 //! second, `final_logits_bias`, post-norm residual blocks). Batching, losses and search live
 //! elsewhere; this module only maps token ids to hidden states and logits.
 
+pub mod attention;
+pub mod cache;
 pub mod config;
 pub mod weights;
 
 use crate::ops;
 use crate::rng::Rng;
 use anyhow::Result;
+pub use attention::Attention;
+pub use cache::{DecoderCache, LayerCache};
 use candle_core::{DType, Device, Tensor};
 pub use config::{Activation, ModelConfig};
 use std::cell::RefCell;
@@ -183,202 +187,6 @@ impl LayerNorm {
     }
 }
 
-/// Multi-head scaled dot-product attention, softmax(QKᵀ/√d_k)V.
-pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    out_proj: Linear,
-    /// Decoder self-attention with loaded weights: q, k and v projections stacked into one
-    /// (3d, d) layer, so that a decoding step makes one product (one parallel region) instead
-    /// of three. Other attentions never use it and have none.
-    qkv_proj: Option<Linear>,
-    heads: usize,
-    head_dim: usize,
-}
-
-impl Attention {
-    /// With `stack_qkv`, loaded weights also get the stacked `qkv_proj` layer.
-    fn new(w: &Weights, name: &str, d: usize, heads: usize, stack_qkv: bool) -> Result<Self> {
-        let (q_proj, k_proj, v_proj) = (
-            Linear::new(w, &format!("{name}.q_proj"), d, d)?,
-            Linear::new(w, &format!("{name}.k_proj"), d, d)?,
-            Linear::new(w, &format!("{name}.v_proj"), d, d)?,
-        );
-        let qkv_proj = if stack_qkv && w.is_loaded() {
-            let stack =
-                |f: fn(&Linear) -> &Tensor| Tensor::cat(&[f(&q_proj), f(&k_proj), f(&v_proj)], 0);
-            Some(Linear::from_tensors(
-                stack(|l| &l.weight)?,
-                stack(|l| &l.bias)?,
-                true,
-            ))
-        } else {
-            None
-        };
-        Ok(Self {
-            q_proj,
-            k_proj,
-            v_proj,
-            out_proj: Linear::new(w, &format!("{name}.out_proj"), d, d)?,
-            qkv_proj,
-            heads,
-            head_dim: d / heads,
-        })
-    }
-
-    /// Scaled queries, keys and values of `x` (B, T, d), each (B, H, T, d_k).
-    pub fn queries_keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let Some(qkv) = &self.qkv_proj else {
-            let (k, v) = self.keys_values(x)?;
-            return Ok((self.queries(x)?, k, v));
-        };
-        let y = qkv.forward(x)?;
-        let d = self.heads * self.head_dim;
-        let part = |i: usize| y.narrow(candle_core::D::Minus1, i * d, d);
-        Ok((
-            self.split_heads(&(part(0)? * (self.head_dim as f64).powf(-0.5))?)?,
-            self.split_heads(&part(1)?)?,
-            self.split_heads(&part(2)?)?,
-        ))
-    }
-
-    /// (B, T, d) → (B, H, T, d_k)
-    fn split_heads(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        Ok(x.reshape((b, t, self.heads, self.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?)
-    }
-
-    /// Keys and values of `x` (B, S, d), each (B, H, S, d_k): computed once per sentence for
-    /// cross-attention.
-    pub fn keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok((
-            self.split_heads(&self.k_proj.forward(x)?)?,
-            self.split_heads(&self.v_proj.forward(x)?)?,
-        ))
-    }
-
-    /// Scaled queries of `x` (B, T, d), (B, H, T, d_k).
-    fn queries(&self, x: &Tensor) -> Result<Tensor> {
-        self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)
-    }
-
-    /// (B, H, T, d_k) → out_proj of (B, T, d).
-    fn merge(&self, ctx: &Tensor) -> Result<Tensor> {
-        let (b, _, t, _) = ctx.dims4()?;
-        let ctx = ctx.transpose(1, 2)?.reshape((b, t, ()))?;
-        self.out_proj.forward(&ctx)
-    }
-
-    /// Attention of queries `x` (B, T, d) over keys/values (B, H, S, d_k); `bias` (B|1, 1, T|1, S)
-    /// holds 0 for visible keys and MASK_VALUE for hidden ones.
-    pub fn attend(
-        &self,
-        x: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        bias: Option<&Tensor>,
-        p_attn: f64,
-        drop: &Dropout,
-    ) -> Result<Tensor> {
-        if !drop.is_on() {
-            return self.attend_rows(x, k, v, bias, None);
-        }
-        let q = self.queries(x)?;
-        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
-        let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
-        self.merge(&probs.matmul(v)?)
-    }
-
-    /// Self-attention over whole sequences `x` (B, T, d) with `bias` (B|1, 1, T|1, T). On the
-    /// CPU in f32 without attention dropout: one projection to stacked q, k and v and one
-    /// fused op; otherwise Candle's primitives.
-    pub fn self_attend(
-        &self,
-        x: &Tensor,
-        bias: &Tensor,
-        p_attn: f64,
-        drop: &Dropout,
-    ) -> Result<Tensor> {
-        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
-            let qkv = match &self.qkv_proj {
-                Some(l) => l.forward(x)?,
-                None => Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])?.forward(x)?,
-            };
-            let ctx = ops::attention::self_attention(&qkv, self.heads, Some(bias))?;
-            return self.out_proj.forward(&ctx);
-        }
-        let (k, v) = self.keys_values(x)?;
-        self.attend(x, &k, &v, Some(bias), p_attn, drop)
-    }
-
-    /// Attention of `x` (B, T, d) over the encoder output `memory` (B, S, d) with `bias`
-    /// (B|1, 1, 1, S), fused as `self_attend` is where it can be.
-    pub fn cross_attend(
-        &self,
-        x: &Tensor,
-        memory: &Tensor,
-        bias: &Tensor,
-        p_attn: f64,
-        drop: &Dropout,
-    ) -> Result<Tensor> {
-        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
-            let q = self.q_proj.forward(x)?;
-            let kv = Linear::stack(&[&self.k_proj, &self.v_proj])?.forward(memory)?;
-            let ctx = ops::attention::cross_attention(&q, &kv, self.heads, Some(bias))?;
-            return self.out_proj.forward(&ctx);
-        }
-        let (k, v) = self.keys_values(memory)?;
-        self.attend(x, &k, &v, Some(bias), p_attn, drop)
-    }
-
-    /// Single-query self-attention of decoding step t, for scaled queries `q` (B, H, 1, d_k),
-    /// over the keys/values of steps 0..=t, one (B_j, H, 1, d_k) pair per step: row b reads
-    /// row `history[b][j]` of step j.
-    pub fn attend_steps(
-        &self,
-        q: &Tensor,
-        steps: &[(Tensor, Tensor)],
-        history: &[Vec<u32>],
-    ) -> Result<Tensor> {
-        self.merge(&ops::attend_steps(q, steps, history)?)
-    }
-
-    /// Attention without dropout (evaluation, decoding). With `kv_rows`, query row b attends
-    /// over key/value row `kv_rows[b]` of k, v (B_kv, H, S, d_k) and bias (B_kv|1, 1, 1, S):
-    /// the beams of a sentence read one copy of its encoder keys.
-    pub fn attend_rows(
-        &self,
-        x: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        bias: Option<&Tensor>,
-        kv_rows: Option<&[u32]>,
-    ) -> Result<Tensor> {
-        let q = self.queries(x)?;
-        // One query per row: a fused kernel where there is one.
-        if let Some(ctx) = ops::attend_one(&q, k, v, bias, kv_rows)? {
-            return self.merge(&ctx);
-        }
-        let (k, v, bias) = match kv_rows {
-            None => (k.clone(), v.clone(), bias.cloned()),
-            Some(rows) => {
-                let idx = Tensor::new(rows, k.device())?;
-                let bias = match bias {
-                    Some(t) if t.dim(0)? > 1 => Some(t.index_select(&idx, 0)?),
-                    other => other.cloned(),
-                };
-                (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?, bias)
-            }
-        };
-        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
-        let probs = ops::masked_softmax(&scores, bias.as_ref())?;
-        self.merge(&probs.matmul(&v)?)
-    }
-}
-
 struct FeedForward {
     fc1: Linear,
     fc2: Linear,
@@ -440,85 +248,6 @@ struct DecoderLayer {
     encoder_attn_layer_norm: LayerNorm,
     ffn: FeedForward,
     final_layer_norm: LayerNorm,
-}
-
-/// The cached state of one decoder layer during incremental decoding.
-#[derive(Clone)]
-pub struct LayerCache {
-    /// Self-attention keys and values so far, (B, H, t, d_k) (devices other than the CPU).
-    self_kv: Option<(Tensor, Tensor)>,
-    /// On the CPU: the self-attention keys and values of each step, (B_t, H, 1, d_k), never
-    /// copied; `DecoderCache::history` says which row of each step a hypothesis reads.
-    steps: Vec<(Tensor, Tensor)>,
-    /// Cross-attention keys and values, computed once per sentence, (N|B, H, S, d_k).
-    cross_kv: (Tensor, Tensor),
-}
-
-/// Decoder state between steps: one cache per layer, and which sentence each batch row
-/// (hypothesis) belongs to.
-#[derive(Clone)]
-pub struct DecoderCache {
-    layers: Vec<LayerCache>,
-    /// Key-padding bias of the sources for cross-attention, one row per cross K/V row.
-    src_bias: Tensor,
-    /// The sentence (row of `start_decoding`'s memory) of each batch row.
-    sentences: Vec<u32>,
-    /// CPU: cross-attention K/V and `src_bias` hold one row per sentence, shared by its beams,
-    /// and self-attention K/V stay where each step wrote them: nothing is copied when beams
-    /// are reordered or sentences finish. Otherwise one row per batch row, copied on select.
-    shared_cross: bool,
-    /// CPU: per batch row, the row of each past step's K/V that holds its ancestor.
-    history: Vec<Vec<u32>>,
-    /// Number of target positions already decoded.
-    pub len: usize,
-}
-
-impl DecoderCache {
-    /// Keeps the batch rows `rows`, in that order: beam reordering (a row may appear several
-    /// times) and pruning of finished sentences.
-    pub fn select(&self, rows: &[u32]) -> Result<Self> {
-        let sentences: Vec<u32> = rows.iter().map(|&r| self.sentences[r as usize]).collect();
-        let idx = Tensor::new(rows, self.src_bias.device())?;
-        // Per-row cross K/V only need a copy when some row now holds another sentence.
-        let copy_cross = !self.shared_cross && sentences != self.sentences;
-        let pick = |t: &Tensor| t.index_select(&idx, 0);
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(LayerCache {
-                    self_kv: match &l.self_kv {
-                        Some((k, v)) => Some((pick(k)?, pick(v)?)),
-                        None => None,
-                    },
-                    steps: l.steps.clone(),
-                    cross_kv: if copy_cross {
-                        (pick(&l.cross_kv.0)?, pick(&l.cross_kv.1)?)
-                    } else {
-                        l.cross_kv.clone()
-                    },
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(Self {
-            layers,
-            src_bias: if copy_cross {
-                pick(&self.src_bias)?
-            } else {
-                self.src_bias.clone()
-            },
-            sentences,
-            shared_cross: self.shared_cross,
-            history: if self.shared_cross {
-                rows.iter()
-                    .map(|&r| self.history[r as usize].clone())
-                    .collect()
-            } else {
-                Vec::new()
-            },
-            len: self.len,
-        })
-    }
 }
 
 /// The encoder–decoder Transformer.

@@ -36,7 +36,7 @@ pub(crate) fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
 }
 
-/// Whether nmt's CUDA kernels (`model/cuda.rs`) apply to `t`.
+/// Whether nmt's CUDA kernels (`ops/cuda`) apply to `t`.
 pub(crate) fn cuda_kernels(t: &Tensor) -> bool {
     #[cfg(feature = "cuda")]
     {

@@ -1,10 +1,10 @@
 // nmt's own CUDA kernels, compiled to PTX by build.rs when the `cuda` feature is on and loaded
-// by src/model/cuda.rs. Each replaces a chain of Candle's generic kernels (one launch, one
+// by src/ops/cuda/mod.rs. Each replaces a chain of Candle's generic kernels (one launch, one
 // allocation and often a host-to-device copy of strides each) with one launch: on a model this
 // size the number of launches, not arithmetic, sets the pace of a training step.
 //
 // Arithmetic is in f32 whatever the storage type (f32, bf16, f16), and follows the CPU ops of
-// src/model/ops.rs step for step, so that the two agree to rounding.
+// the CPU ops in src/ops/ step for step, so that the two agree to rounding.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,7 +27,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // ------------------------------------------------------------------------------- dropout
-// The mask of src/model/ops.rs (DropoutMask): element i keeps its value, scaled by `keep`,
+// The mask of src/ops/dropout.rs (DropoutMask): element i keeps its value, scaled by `keep`,
 // unless its 32-bit half of SplitMix64 draw i/2 + 1 after `state` is below `threshold`. So a
 // GPU run draws exactly the masks a CPU run draws. threshold 0 and keep 1: no dropout.
 

@@ -1,0 +1,211 @@
+//! Multi-head attention as the model uses it: projections, heads, and the choice between the
+//! whole-sequence op (training, encoding), one decoding step over the cache, and the
+//! composite for other devices (the ops choose their kernels).
+
+use super::weights::Weights;
+use super::{Dropout, Linear};
+use crate::ops;
+use anyhow::Result;
+use candle_core::Tensor;
+
+/// Multi-head scaled dot-product attention, softmax(QKᵀ/√d_k)V.
+pub struct Attention {
+    pub(super) q_proj: Linear,
+    pub(super) k_proj: Linear,
+    pub(super) v_proj: Linear,
+    pub(super) out_proj: Linear,
+    /// Decoder self-attention with loaded weights: q, k and v projections stacked into one
+    /// (3d, d) layer, so that a decoding step makes one product (one parallel region) instead
+    /// of three. Other attentions never use it and have none.
+    pub(super) qkv_proj: Option<Linear>,
+    pub(super) heads: usize,
+    pub(super) head_dim: usize,
+}
+
+impl Attention {
+    /// With `stack_qkv`, loaded weights also get the stacked `qkv_proj` layer.
+    pub(super) fn new(
+        w: &Weights,
+        name: &str,
+        d: usize,
+        heads: usize,
+        stack_qkv: bool,
+    ) -> Result<Self> {
+        let (q_proj, k_proj, v_proj) = (
+            Linear::new(w, &format!("{name}.q_proj"), d, d)?,
+            Linear::new(w, &format!("{name}.k_proj"), d, d)?,
+            Linear::new(w, &format!("{name}.v_proj"), d, d)?,
+        );
+        let qkv_proj = if stack_qkv && w.is_loaded() {
+            let stack =
+                |f: fn(&Linear) -> &Tensor| Tensor::cat(&[f(&q_proj), f(&k_proj), f(&v_proj)], 0);
+            Some(Linear::from_tensors(
+                stack(|l| &l.weight)?,
+                stack(|l| &l.bias)?,
+                true,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            q_proj,
+            k_proj,
+            v_proj,
+            out_proj: Linear::new(w, &format!("{name}.out_proj"), d, d)?,
+            qkv_proj,
+            heads,
+            head_dim: d / heads,
+        })
+    }
+
+    /// Scaled queries, keys and values of `x` (B, T, d), each (B, H, T, d_k).
+    pub fn queries_keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let Some(qkv) = &self.qkv_proj else {
+            let (k, v) = self.keys_values(x)?;
+            return Ok((self.queries(x)?, k, v));
+        };
+        let y = qkv.forward(x)?;
+        let d = self.heads * self.head_dim;
+        let part = |i: usize| y.narrow(candle_core::D::Minus1, i * d, d);
+        Ok((
+            self.split_heads(&(part(0)? * (self.head_dim as f64).powf(-0.5))?)?,
+            self.split_heads(&part(1)?)?,
+            self.split_heads(&part(2)?)?,
+        ))
+    }
+
+    /// (B, T, d) → (B, H, T, d_k)
+    pub(super) fn split_heads(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        Ok(x.reshape((b, t, self.heads, self.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    }
+
+    /// Keys and values of `x` (B, S, d), each (B, H, S, d_k): computed once per sentence for
+    /// cross-attention.
+    pub fn keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.split_heads(&self.k_proj.forward(x)?)?,
+            self.split_heads(&self.v_proj.forward(x)?)?,
+        ))
+    }
+
+    /// Scaled queries of `x` (B, T, d), (B, H, T, d_k).
+    pub(super) fn queries(&self, x: &Tensor) -> Result<Tensor> {
+        self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)
+    }
+
+    /// (B, H, T, d_k) → out_proj of (B, T, d).
+    pub(super) fn merge(&self, ctx: &Tensor) -> Result<Tensor> {
+        let (b, _, t, _) = ctx.dims4()?;
+        let ctx = ctx.transpose(1, 2)?.reshape((b, t, ()))?;
+        self.out_proj.forward(&ctx)
+    }
+
+    /// Attention of queries `x` (B, T, d) over keys/values (B, H, S, d_k); `bias` (B|1, 1, T|1, S)
+    /// holds 0 for visible keys and MASK_VALUE for hidden ones.
+    pub fn attend(
+        &self,
+        x: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        bias: Option<&Tensor>,
+        p_attn: f64,
+        drop: &Dropout,
+    ) -> Result<Tensor> {
+        if !drop.is_on() {
+            return self.attend_rows(x, k, v, bias, None);
+        }
+        let q = self.queries(x)?;
+        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
+        let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
+        self.merge(&probs.matmul(v)?)
+    }
+
+    /// Self-attention over whole sequences `x` (B, T, d) with `bias` (B|1, 1, T|1, T). On the
+    /// CPU in f32 without attention dropout: one projection to stacked q, k and v and one
+    /// fused op; otherwise Candle's primitives.
+    pub fn self_attend(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        p_attn: f64,
+        drop: &Dropout,
+    ) -> Result<Tensor> {
+        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
+            let qkv = match &self.qkv_proj {
+                Some(l) => l.forward(x)?,
+                None => Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])?.forward(x)?,
+            };
+            let ctx = ops::attention::self_attention(&qkv, self.heads, Some(bias))?;
+            return self.out_proj.forward(&ctx);
+        }
+        let (k, v) = self.keys_values(x)?;
+        self.attend(x, &k, &v, Some(bias), p_attn, drop)
+    }
+
+    /// Attention of `x` (B, T, d) over the encoder output `memory` (B, S, d) with `bias`
+    /// (B|1, 1, 1, S), fused as `self_attend` is where it can be.
+    pub fn cross_attend(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        bias: &Tensor,
+        p_attn: f64,
+        drop: &Dropout,
+    ) -> Result<Tensor> {
+        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
+            let q = self.q_proj.forward(x)?;
+            let kv = Linear::stack(&[&self.k_proj, &self.v_proj])?.forward(memory)?;
+            let ctx = ops::attention::cross_attention(&q, &kv, self.heads, Some(bias))?;
+            return self.out_proj.forward(&ctx);
+        }
+        let (k, v) = self.keys_values(memory)?;
+        self.attend(x, &k, &v, Some(bias), p_attn, drop)
+    }
+
+    /// Single-query self-attention of decoding step t, for scaled queries `q` (B, H, 1, d_k),
+    /// over the keys/values of steps 0..=t, one (B_j, H, 1, d_k) pair per step: row b reads
+    /// row `history[b][j]` of step j.
+    pub fn attend_steps(
+        &self,
+        q: &Tensor,
+        steps: &[(Tensor, Tensor)],
+        history: &[Vec<u32>],
+    ) -> Result<Tensor> {
+        self.merge(&ops::attend_steps(q, steps, history)?)
+    }
+
+    /// Attention without dropout (evaluation, decoding). With `kv_rows`, query row b attends
+    /// over key/value row `kv_rows[b]` of k, v (B_kv, H, S, d_k) and bias (B_kv|1, 1, 1, S):
+    /// the beams of a sentence read one copy of its encoder keys.
+    pub fn attend_rows(
+        &self,
+        x: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        bias: Option<&Tensor>,
+        kv_rows: Option<&[u32]>,
+    ) -> Result<Tensor> {
+        let q = self.queries(x)?;
+        // One query per row: a fused kernel where there is one.
+        if let Some(ctx) = ops::attend_one(&q, k, v, bias, kv_rows)? {
+            return self.merge(&ctx);
+        }
+        let (k, v, bias) = match kv_rows {
+            None => (k.clone(), v.clone(), bias.cloned()),
+            Some(rows) => {
+                let idx = Tensor::new(rows, k.device())?;
+                let bias = match bias {
+                    Some(t) if t.dim(0)? > 1 => Some(t.index_select(&idx, 0)?),
+                    other => other.cloned(),
+                };
+                (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?, bias)
+            }
+        };
+        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
+        let probs = ops::masked_softmax(&scores, bias.as_ref())?;
+        self.merge(&probs.matmul(&v)?)
+    }
+}
