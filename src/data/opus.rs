@@ -4,7 +4,7 @@
 //! model weights.
 
 use crate::data::spm::{SpmModel, SPACE};
-use crate::data::tokenizer::{EOS, PAD, UNK};
+use crate::data::{EOS, PAD, UNK};
 use crate::eval::tokenizers::is_py_space;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;

@@ -29,12 +29,7 @@ use tokenizers::models::unigram::{Unigram, UnigramTrainerBuilder};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, Tokenizer};
 
-/// End of sentence, id 0.
-pub const EOS: &str = "</s>";
-/// Unknown piece, id 1.
-pub const UNK: &str = "<unk>";
-/// Padding, the last id.
-pub const PAD: &str = "<pad>";
+pub use super::{EOS, PAD, UNK};
 /// How many ids the specials and byte-fallback pieces take: `</s>`, `<unk>`, 256 bytes, `<pad>`.
 pub const RESERVED: usize = 2 + 256 + 1;
 

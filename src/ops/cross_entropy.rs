@@ -17,7 +17,7 @@ pub fn smoothed_cross_entropy(logits: &Tensor, labels: &Tensor, epsilon: f64) ->
     if cuda_kernels(logits) && labels.dtype() == DType::U32 && logits.dim(0)? > 0 {
         return logits.contiguous()?.apply_op2(
             &labels.contiguous()?,
-            super::cuda::SmoothedCrossEntropy {
+            gpu::SmoothedCrossEntropy {
                 epsilon: epsilon as f32,
             },
         );
@@ -204,4 +204,117 @@ pub fn projected_cross_entropy(
     let per_row = smoothed_cross_entropy(&logits, labels, epsilon)?;
     let sums = per_row.sum(0)?;
     Tensor::cat(&[sums.narrow(0, 0, 1)?, sums.narrow(0, 1, 1)?.detach()], 0)
+}
+
+/// The CUDA half: label-smoothed cross-entropy per row, forward and backward.
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu {
+    use crate::ops::cuda::prelude::*;
+
+    /// Label-smoothed cross-entropy per row of logits (N, V) with labels (N,) u32 → (N, 2) f32:
+    /// (smoothed loss, NLL), as `ops::smoothed_cross_entropy`; only the first has a gradient.
+    pub struct SmoothedCrossEntropy {
+        pub epsilon: f32,
+    }
+
+    /// ∂L/∂logits of [`SmoothedCrossEntropy`] for the output gradient `dy` (N, 2) f32.
+    struct SmoothedCrossEntropyGrad {
+        epsilon: f32,
+        dy: Tensor,
+    }
+
+    impl CustomOp2 for SmoothedCrossEntropy {
+        fn name(&self) -> &'static str {
+            "nmt-smoothed-ce-cuda"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("{} runs on CUDA devices only", self.name())
+        }
+
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            labels: &CudaStorage,
+            ll: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, v) = xl.shape().dims2()?;
+            let ys = input::<u32>(labels, ll)?;
+            with_elem!(x.dtype(), T => {
+                let xs = input::<T>(x, xl)?;
+                let out = unsafe { dev.alloc::<f32>(2 * rows)? };
+                let v32 = v as i32;
+                launch!(dev, &format!("smoothed_ce_{}", T::NAME), cfg(rows as u32, 256, 0), |b| {
+                    b.arg(&xs).arg(&ys).arg(&out).arg(&v32).arg(&self.epsilon);
+                });
+                Ok((f32::wrap_cuda_slice(out, dev), Shape::from((rows, 2))))
+            })
+        }
+
+        fn bwd(
+            &self,
+            x: &Tensor,
+            labels: &Tensor,
+            _y: &Tensor,
+            dy: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let grad = SmoothedCrossEntropyGrad {
+                epsilon: self.epsilon,
+                dy: dy.to_dtype(DType::F32)?.contiguous()?,
+            };
+            Ok((Some(x.apply_op2_no_bwd(labels, &grad)?), None))
+        }
+    }
+
+    impl CustomOp2 for SmoothedCrossEntropyGrad {
+        fn name(&self) -> &'static str {
+            "nmt-smoothed-ce-grad-cuda"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("{} runs on CUDA devices only", self.name())
+        }
+
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            labels: &CudaStorage,
+            ll: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, v) = xl.shape().dims2()?;
+            let ys = input::<u32>(labels, ll)?;
+            with_cuda(
+                &self.dy,
+                "nmt-smoothed-ce-grad-cuda: the gradient",
+                |dy, dyl| {
+                    let dys = input::<f32>(dy, dyl)?;
+                    with_elem!(x.dtype(), T => {
+                        let xs = input::<T>(x, xl)?;
+                        let out = unsafe { dev.alloc::<T>(rows * v)? };
+                        let v32 = v as i32;
+                        launch!(dev, &format!("smoothed_ce_bwd_{}", T::NAME), cfg(rows as u32, 256, 0), |b| {
+                            b.arg(&xs).arg(&ys).arg(&dys).arg(&out).arg(&v32).arg(&self.epsilon);
+                        });
+                        Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+                    })
+                },
+            )
+        }
+    }
 }

@@ -103,7 +103,7 @@ impl CustomOp1 for DropoutOp {
         s1: &candle_core::CudaStorage,
         l1: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let y = super::cuda::dropout(s1, l1, None, &self.0)?;
+        let y = gpu::dropout(s1, l1, None, &self.0)?;
         Ok((y, l1.shape().clone()))
     }
 
@@ -136,7 +136,7 @@ impl CustomOp2 for AddDropoutOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let y = super::cuda::dropout(s2, l2, Some((s1, l1)), &self.0)?;
+        let y = gpu::dropout(s2, l2, Some((s1, l1)), &self.0)?;
         Ok((y, l1.shape().clone()))
     }
 
@@ -169,4 +169,38 @@ pub fn add_dropout(x: &Tensor, f: &Tensor, mask: DropoutMask) -> Result<Tensor> 
     }
     x.contiguous()?
         .apply_op2(&f.contiguous()?, AddDropoutOp(mask))
+}
+
+/// The CUDA half: the same masks, drawn inside the kernel.
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu {
+    use crate::ops::cuda::prelude::*;
+
+    /// y = [base +] x · mask over contiguous inputs of one dtype.
+    pub(crate) fn dropout(
+        x: &CudaStorage,
+        xl: &Layout,
+        base: Option<(&CudaStorage, &Layout)>,
+        mask: &DropoutMask,
+    ) -> Result<CudaStorage> {
+        let dev = x.device().clone();
+        let n = xl.shape().elem_count();
+        with_elem!(x.dtype(), T => {
+            let xs = input::<T>(x, xl)?;
+            let bs = base.map(|(s, l)| input::<T>(s, l)).transpose()?;
+            let out = unsafe { dev.alloc::<T>(n)? };
+            let null = 0u64;
+            let (state, threshold, keep) = mask_args(&Some(*mask));
+            let n64 = n as u64;
+            launch!(dev, &format!("dropout_{}", T::NAME), cfg(blocks(n, 256).min(65_535), 256, 0), |b| {
+                b.arg(&xs);
+                match &bs {
+                    Some(v) => b.arg(v),
+                    None => b.arg(&null),
+                };
+                b.arg(&out).arg(&n64).arg(&state).arg(&threshold).arg(&keep);
+            });
+            Ok(T::wrap_cuda_slice(out, dev))
+        })
+    }
 }

@@ -132,7 +132,111 @@ pub fn select_rows(w: &Tensor, ids: &Tensor) -> Result<Tensor> {
     if cuda_kernels(w) && ids.dtype() == DType::U32 && ids.elem_count() > 0 {
         return w
             .contiguous()?
-            .apply_op2(&ids.contiguous()?, super::cuda::SelectRows);
+            .apply_op2(&ids.contiguous()?, gpu::SelectRows);
     }
     w.embedding(ids)
+}
+
+/// The CUDA half: row gathers whose gradient nmt's kernel sums in the order of the ids.
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu {
+    use crate::ops::cuda::prelude::*;
+
+    /// Rows `ids` (u32, N) of a table `w` (V, d) → (N, d) (an embedding lookup), whose gradient
+    /// for `w` the kernels sum in the order of the ids.
+    pub struct SelectRows;
+
+    /// ∂L/∂w (V, d) of [`SelectRows`] from the output gradient (N, d) and the ids.
+    struct SelectRowsGrad {
+        vocab: usize,
+    }
+
+    impl CustomOp2 for SelectRows {
+        fn name(&self) -> &'static str {
+            "nmt-select-rows-cuda"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("{} runs on CUDA devices only", self.name())
+        }
+
+        fn cuda_fwd(
+            &self,
+            w: &CudaStorage,
+            wl: &Layout,
+            ids: &CudaStorage,
+            idl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let d = wl.dims()[1];
+            let out = w.index_select(ids, wl, idl, 0)?;
+            Ok((out, Shape::from((idl.shape().elem_count(), d))))
+        }
+
+        fn bwd(
+            &self,
+            w: &Tensor,
+            ids: &Tensor,
+            _y: &Tensor,
+            dy: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let grad = SelectRowsGrad { vocab: w.dim(0)? };
+            Ok((Some(dy.contiguous()?.apply_op2_no_bwd(ids, &grad)?), None))
+        }
+    }
+
+    impl CustomOp2 for SelectRowsGrad {
+        fn name(&self) -> &'static str {
+            "nmt-select-rows-grad-cuda"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("{} runs on CUDA devices only", self.name())
+        }
+
+        fn cuda_fwd(
+            &self,
+            g: &CudaStorage,
+            gl: &Layout,
+            ids: &CudaStorage,
+            idl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = g.device().clone();
+            let n = idl.shape().elem_count();
+            let d = gl.shape().elem_count() / n.max(1);
+            let idv = input::<u32>(ids, idl)?;
+            let links = dev.alloc_zeros::<i32>(2 * n.max(1))?;
+            let next = links.slice(0..n);
+            let first = links.slice(n..);
+            let n32 = n as i32;
+            launch!(
+                dev,
+                "embedding_links_u32",
+                cfg(blocks(n, 128), 128, 0),
+                |b| {
+                    b.arg(&idv).arg(&n32).arg(&next).arg(&first);
+                }
+            );
+            with_elem!(g.dtype(), T => {
+                let gs = input::<T>(g, gl)?;
+                let out = dev.alloc_zeros::<T>(self.vocab * d)?;
+                let (d32, vocab32) = (d as i32, self.vocab as u32);
+                launch!(dev, &format!("embedding_grad_{}", T::NAME), cfg(blocks(n * d, 256), 256, 0), |b| {
+                    b.arg(&idv).arg(&gs).arg(&next).arg(&first).arg(&out).arg(&n32).arg(&d32).arg(&vocab32);
+                });
+                Ok((T::wrap_cuda_slice(out, dev), Shape::from((self.vocab, d))))
+            })
+        }
+    }
 }

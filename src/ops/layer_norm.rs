@@ -171,9 +171,9 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
             .apply_op3(w, b, LayerNormOp { eps: eps as f32 });
     }
     #[cfg(feature = "cuda")]
-    if cuda_kernels(x) && w.dim(0)? <= super::cuda::MAX_WIDTH {
+    if cuda_kernels(x) && w.dim(0)? <= super::residual_norm::gpu::MAX_WIDTH {
         let x = x.contiguous()?;
-        let op = super::cuda::ResidualNorm {
+        let op = super::residual_norm::gpu::ResidualNorm {
             mask: None,
             eps: eps as f32,
             has_f: false,

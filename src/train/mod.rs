@@ -6,6 +6,8 @@ pub mod config;
 pub mod data;
 pub mod loss;
 pub mod optim;
+#[cfg(feature = "cuda")]
+mod optim_cuda;
 pub mod plot;
 pub mod schedule;
 

@@ -58,7 +58,7 @@ pub struct Adam {
     device_masks: Option<(Tensor, Option<Tensor>)>,
     /// The parameters' layout and masks for the CUDA kernels, made at their first update.
     #[cfg(feature = "cuda")]
-    cuda_tables: Option<crate::ops::cuda::AdamTables>,
+    cuda_tables: Option<super::optim_cuda::AdamTables>,
     /// The global gradient norm of the last update (before clipping), where it was computed:
     /// on a GPU, reading it would wait for the device.
     last_norm: Option<Tensor>,
@@ -178,7 +178,7 @@ impl Adam {
         clip_norm: f64,
         lr: f64,
     ) -> Result<Tensor> {
-        use crate::ops::cuda::{adam_update, AdamArgs, AdamTables};
+        use super::optim_cuda::{adam_update, AdamArgs, AdamTables};
         let candle_core::Device::Cuda(dev) = self.state.device() else {
             bail!("the optimizer state is not on the GPU");
         };
