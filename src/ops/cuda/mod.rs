@@ -8,14 +8,9 @@
 //! all of it, or a launch whose arguments follow the kernel's signature in kernels.cu.
 
 use super::DropoutMask;
-use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{
-    CudaDevice, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
-};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
 
 pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
@@ -128,9 +123,9 @@ pub(crate) mod prelude {
     pub(crate) use crate::ops::DropoutMask;
     pub(crate) use candle_core::backend::BackendStorage;
     pub(crate) use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
+        CudaSlice, DeviceRepr, PushKernelArg,
     };
-    pub(crate) use candle_core::cuda_backend::{CudaDType, WrapErr};
+    pub(crate) use candle_core::cuda_backend::CudaDType;
     pub(crate) use candle_core::{
         CudaDevice, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
     };
