@@ -66,28 +66,15 @@ impl Dropout {
 
     /// Zeroes each element with probability `p` and scales the rest by 1/(1-p).
     pub fn apply(&self, x: &Tensor, p: f64) -> Result<Tensor> {
-        if !self.is_on() || p <= 0.0 {
-            return Ok(x.clone());
+        match self.mask(x.elem_count(), p) {
+            Some(mask) => Ok(ops::dropout(x, mask)?),
+            None => Ok(x.clone()),
         }
-        let n = x.elem_count();
-        let Some(mask) = self.mask(n, p) else {
-            return Ok(x.clone());
-        };
-        if ops::fused(x) || ops::cuda_kernels(x) {
-            return Ok(ops::dropout(x, mask)?);
-        }
-        let mask = Tensor::from_vec(mask.values(n), x.shape(), x.device())?.to_dtype(x.dtype())?;
-        Ok((x * mask)?)
     }
 
-    /// x + dropout(f): a residual connection, one op on the CPU in f32 and on CUDA.
+    /// x + dropout(f): a residual connection.
     pub fn add(&self, x: &Tensor, f: &Tensor, p: f64) -> Result<Tensor> {
-        if same_kernels(x, f) {
-            if let Some(mask) = self.mask(f.elem_count(), p) {
-                return Ok(ops::add_dropout(x, f, mask)?);
-            }
-        }
-        Ok((x + self.apply(f, p)?)?)
+        Ok(ops::add_dropout(x, f, self.mask(f.elem_count(), p))?)
     }
 }
 
@@ -204,14 +191,6 @@ impl FeedForward {
     }
 }
 
-/// Whether the fused ops (CPU f32 or CUDA kernels) take the residual `x` and sub-layer output
-/// `f` together.
-fn same_kernels(x: &Tensor, f: &Tensor) -> bool {
-    x.dtype() == f.dtype()
-        && x.device().same_device(f.device())
-        && (ops::fused(f) || ops::cuda_kernels(f))
-}
-
 /// Residual + LayerNorm around a sub-layer, post-norm (Marian) or pre-norm.
 fn residual(
     x: &Tensor,
@@ -225,13 +204,10 @@ fn residual(
         return drop.add(x, &f(&ln.forward(x)?)?, p);
     }
     let y = f(x)?;
-    if same_kernels(x, &y) {
-        let mask = drop.mask(y.elem_count(), p);
-        return Ok(ops::residual_norm(
-            x, &y, &ln.weight, &ln.bias, LN_EPS, mask,
-        )?);
-    }
-    ln.forward(&drop.add(x, &y, p)?)
+    let mask = drop.mask(y.elem_count(), p);
+    Ok(ops::residual_norm(
+        x, &y, &ln.weight, &ln.bias, LN_EPS, mask,
+    )?)
 }
 
 struct EncoderLayer {
@@ -409,20 +385,8 @@ impl Seq2Seq {
     fn embed(&self, ids: &Tensor, offset: usize, drop: &Dropout) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let pos = self.positions.narrow(0, offset, t)?;
-        let p = self.config.dropout;
-        if ops::embeds_fused(&self.shared, ids) {
-            let mask = drop.mask(b * t * self.config.d_model, p);
-            return Ok(ops::embed(&self.shared, ids, &pos, self.embed_scale, mask)?);
-        }
-        let emb = ops::select_rows(&self.shared, &ids.flatten_all()?)?.reshape((
-            b,
-            t,
-            self.config.d_model,
-        ))?;
-        drop.apply(
-            &(emb * self.embed_scale)?.broadcast_add(&pos)?,
-            self.config.dropout,
-        )
+        let mask = drop.mask(b * t * self.config.d_model, self.config.dropout);
+        Ok(ops::embed(&self.shared, ids, &pos, self.embed_scale, mask)?)
     }
 
     /// Additive key-padding mask (B, 1, 1, S) from ids: MASK_VALUE where the id is `<pad>`.

@@ -152,20 +152,37 @@ impl CustomOp2 for AddDropoutOp {
     }
 }
 
-/// x · mask (CPU in f32, or CUDA).
+/// x · mask: each element dropped or scaled as `mask` says. One op on the CPU in f32 and on
+/// CUDA; elsewhere the mask as a tensor (the composite the ops are tested against).
 pub fn dropout(x: &Tensor, mask: DropoutMask) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(DropoutOp(mask))
+    if fused(x) || cuda_kernels(x) {
+        return x.contiguous()?.apply_op1(DropoutOp(mask));
+    }
+    let n = x.elem_count();
+    let m = Tensor::from_vec(mask.values(n), x.shape(), x.device())?.to_dtype(x.dtype())?;
+    x * m
 }
 
-/// x + f · mask, the residual connection around a sub-layer with output `f` (CPU in f32, or
-/// CUDA).
-pub fn add_dropout(x: &Tensor, f: &Tensor, mask: DropoutMask) -> Result<Tensor> {
+/// Whether the residual `x` and the sub-layer output `f` go through one fused op together.
+pub(crate) fn same_kernels(x: &Tensor, f: &Tensor) -> bool {
+    x.dtype() == f.dtype() && x.device().same_device(f.device()) && (fused(f) || cuda_kernels(f))
+}
+
+/// x + f · mask (x + f without a mask), the residual connection around a sub-layer with
+/// output `f`: one op on the CPU in f32 and on CUDA, else x + [`dropout`](f).
+pub fn add_dropout(x: &Tensor, f: &Tensor, mask: Option<DropoutMask>) -> Result<Tensor> {
     if x.shape() != f.shape() {
         candle_core::bail!(
             "add_dropout: shapes {:?} and {:?} differ",
             x.shape(),
             f.shape()
         );
+    }
+    let Some(mask) = mask else {
+        return x + f;
+    };
+    if !same_kernels(x, f) {
+        return x + dropout(f, mask)?;
     }
     x.contiguous()?
         .apply_op2(&f.contiguous()?, AddDropoutOp(mask))

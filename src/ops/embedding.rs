@@ -98,8 +98,8 @@ impl CustomOp3 for EmbedOp {
 }
 
 /// Scaled embeddings of `ids` (B, T) from `table` (V, d) plus `positions` (T, d), then
-/// dropout with `mask`: (B, T, d), as one op; the gradient reaches the table only. For a CPU
-/// f32 table and u32 ids (see [`embeds_fused`]); elsewhere the caller composes Candle's ops.
+/// dropout with `mask`: (B, T, d); the gradient reaches the table only. One op for a CPU f32
+/// table and u32 ids; elsewhere row gathers ([`select_rows`]) and Candle's ops.
 pub fn embed(
     table: &Tensor,
     ids: &Tensor,
@@ -108,7 +108,13 @@ pub fn embed(
     mask: Option<DropoutMask>,
 ) -> Result<Tensor> {
     if !embeds_fused(table, ids) {
-        candle_core::bail!("embed: needs a CPU f32 table and u32 ids");
+        let (b, t) = ids.dims2()?;
+        let rows = select_rows(table, &ids.flatten_all()?)?.reshape((b, t, table.dim(1)?))?;
+        let y = (rows * scale)?.broadcast_add(positions)?;
+        return match mask {
+            Some(m) => dropout(&y, m),
+            None => Ok(y),
+        };
     }
     let op = EmbedOp {
         scale: scale as f32,
@@ -119,8 +125,8 @@ pub fn embed(
         .apply_op3(&ids.contiguous()?, &positions.contiguous()?, op)
 }
 
-/// Whether [`embed`] serves this table and these ids.
-pub fn embeds_fused(table: &Tensor, ids: &Tensor) -> bool {
+/// Whether [`embed`]'s fused op serves this table and these ids.
+fn embeds_fused(table: &Tensor, ids: &Tensor) -> bool {
     fused(table) && ids.dtype() == DType::U32
 }
 

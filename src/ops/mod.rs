@@ -24,7 +24,7 @@ pub use attention::{attend_one, attend_steps};
 pub use cpu::{exp_sum, fast_exp, row_max, wide};
 pub use cross_entropy::{projected_cross_entropy, smoothed_cross_entropy};
 pub use dropout::{add_dropout, dropout, DropoutMask};
-pub use embedding::{embed, embeds_fused, select_rows};
+pub use embedding::{embed, select_rows};
 pub use layer_norm::layer_norm;
 pub use linear::linear;
 pub use residual_norm::residual_norm;

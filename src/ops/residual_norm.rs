@@ -70,8 +70,8 @@ impl CustomOp3 for ResidualNorm {
     }
 }
 
-/// LayerNorm(x + f · mask) (mask: dropout, or none), a post-norm residual block, as one op
-/// (CPU in f32, or CUDA).
+/// LayerNorm(x + f · mask) (mask: dropout, or none), a post-norm residual block: one op on
+/// the CPU in f32 and on CUDA, else LayerNorm([`add_dropout`]).
 pub fn residual_norm(
     x: &Tensor,
     f: &Tensor,
@@ -87,14 +87,13 @@ pub fn residual_norm(
             f.shape()
         );
     }
+    if !same_kernels(x, f) {
+        return layer_norm(&add_dropout(x, f, mask)?, w, b, eps);
+    }
     #[cfg(feature = "cuda")]
     if cuda_kernels(f) {
         if w.dim(0)? > gpu::MAX_WIDTH {
-            let s = match mask {
-                Some(m) => add_dropout(x, f, m)?,
-                None => (x + f)?,
-            };
-            return layer_norm(&s, w, b, eps);
+            return layer_norm(&add_dropout(x, f, mask)?, w, b, eps);
         }
         let op = gpu::ResidualNorm {
             mask,

@@ -227,7 +227,7 @@ fn residual_dropout_and_norm_match_the_composite() {
     let weights = randn(&shape, 25);
     check(
         |t| match t[0].dtype() {
-            DType::F32 => add_dropout(&t[0], &t[1], mask).unwrap(),
+            DType::F32 => add_dropout(&t[0], &t[1], Some(mask)).unwrap(),
             _ => (&t[0] + masked(&t[1])).unwrap(),
         },
         &[x.clone(), f.clone()],
