@@ -475,3 +475,101 @@ fn validation_translates_like_translate() {
     );
     assert!(err.contains("val_bleu"), "{err}");
 }
+
+/// Dynamic loss scaling (f16's, forced on here on the CPU): a scale so large that the scaled
+/// gradients overflow skips those updates and halves the scale until they fit; training then
+/// goes on to the requested step, and the scale doubles after `loss_scale_window` good steps.
+#[test]
+fn the_loss_scaler_skips_overflowing_steps_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, tgt) = toy_corpus(dir.path(), "train", 5, 200);
+    let cfg = write_config(
+        dir.path(),
+        r#"{"loss_scale": 1e38, "loss_scale_window": 2, "log_every": 1}"#,
+    );
+    let run = dir.path().join("run");
+    let args = tiny_train(
+        &src,
+        &tgt,
+        &run,
+        &[
+            "--config",
+            s(&cfg),
+            "--max-steps",
+            "4",
+            "--valid-every",
+            "100",
+        ],
+    );
+    let out = common::nmt(&args.iter().map(String::as_str).collect::<Vec<_>>(), b"");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("gradients overflowed"), "{err}");
+    assert_eq!(losses(&run).len(), 4);
+    assert!(losses(&run).iter().all(|(_, l)| l.is_finite()));
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // (steps done when it happened, the scale it left)
+    let overflows: Vec<(u64, f64)> = records
+        .iter()
+        .filter(|v| v["overflow"] == true)
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss_scale"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(!overflows.is_empty());
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("last/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["skipped_steps"], overflows.len());
+    // After the last overflow, the scale doubled once per two good steps (window 2).
+    let (at, scale) = *overflows.last().unwrap();
+    let doublings = (4 - at as i32) / 2;
+    assert_eq!(
+        state["loss_scale"]["scale"].as_f64().unwrap(),
+        scale * 2f64.powi(doublings)
+    );
+}
+
+/// The Transformer-base preset builds and takes a training step on the CPU (a tiny batch).
+#[test]
+fn the_transformer_base_preset_trains_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, tgt) = toy_corpus(dir.path(), "train", 5, 50);
+    let preset = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/configs/transformer-base.json");
+    let run = dir.path().join("run");
+    nmt_ok(
+        &[
+            "train",
+            "--src",
+            s(&src),
+            "--tgt",
+            s(&tgt),
+            "--out",
+            s(&run),
+            "--config",
+            s(&preset),
+            "--vocab-size",
+            "400",
+            "--max-tokens",
+            "128",
+            "--max-steps",
+            "1",
+        ],
+        b"",
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("last/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["d_model"], 512);
+    assert_eq!(config["encoder_layers"], 6);
+    assert_eq!(config["decoder_attention_heads"], 8);
+    assert_eq!(config["encoder_ffn_dim"], 2048);
+}

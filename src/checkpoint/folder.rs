@@ -31,6 +31,12 @@ pub struct TrainerState {
     pub best_step: Option<usize>,
     /// Validations since BLEU last improved.
     pub bad_validations: usize,
+    /// Dynamic loss scaling, when the run uses it (f16).
+    #[serde(default)]
+    pub loss_scale: Option<crate::train::loss_scale::LossScaler>,
+    /// Updates skipped because the scaled gradients overflowed.
+    #[serde(default)]
+    pub skipped_steps: usize,
 }
 
 /// Writes `tensors` as safetensors with the `format: pt` metadata transformers expects.

@@ -125,6 +125,11 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// Clip the global gradient norm to this (0: off).
     pub clip_norm: f64,
+    /// Dynamic loss scaling's initial scale: absent, 65,536 for `--dtype f16` and off
+    /// otherwise; 0 turns it off.
+    pub loss_scale: Option<f64>,
+    /// Good steps in a row after which the loss scale doubles.
+    pub loss_scale_window: usize,
     /// Stop after this many updates.
     pub max_steps: Option<usize>,
     /// Stop after this many epochs.
@@ -173,6 +178,8 @@ impl Default for TrainConfig {
             adam_eps: 1e-9,
             weight_decay: 0.0,
             clip_norm: 1.0,
+            loss_scale: None,
+            loss_scale_window: 2000,
             max_steps: None,
             max_epochs: None,
             max_time: None,
@@ -255,6 +262,15 @@ impl TrainConfig {
             );
         }
         self.filters().check()?;
+        if self
+            .loss_scale
+            .is_some_and(|s| !(s.is_finite() && s >= 0.0))
+        {
+            bail!("loss_scale must be a non-negative number (0: off)");
+        }
+        if self.loss_scale_window == 0 {
+            bail!("loss_scale_window must be positive");
+        }
         if self.tokenizer_max_lines == 0 {
             bail!("tokenizer_max_lines must be positive");
         }

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod data;
 pub mod loss;
+pub mod loss_scale;
 pub mod optim;
 #[cfg(feature = "cuda")]
 mod optim_cuda;
@@ -23,6 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use config::{parse_duration, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
+use loss_scale::LossScaler;
 use optim::{Adam, AdamConfig};
 use serde_json::json;
 use std::io::{IsTerminal, Write};
@@ -300,6 +302,12 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         best_bleu: None,
         best_step: None,
         bad_validations: 0,
+        loss_scale: match (cfg.loss_scale, job.dtype) {
+            (Some(s), _) if s > 0.0 => Some(LossScaler::new(s, cfg.loss_scale_window)),
+            (None, DType::F16) => Some(LossScaler::new(65536.0, cfg.loss_scale_window)),
+            _ => None,
+        },
+        skipped_steps: 0,
     };
     if let Some(s) = resume_state {
         let saved = read_tensors(&last.join("model.safetensors"), &job.device)?;
@@ -337,6 +345,19 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         &mut state,
         data_start.elapsed().as_secs_f64(),
     )
+}
+
+/// Whether every gradient is finite (one reduction per tensor, one read on the host).
+fn grads_finite(grads: &[Tensor]) -> Result<bool> {
+    if grads.is_empty() {
+        return Ok(true);
+    }
+    let sums = grads
+        .iter()
+        .map(|g| g.to_dtype(DType::F32)?.sqr()?.sum_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?;
+    Ok(total.is_finite())
 }
 
 fn prune_checkpoints(out: &Path, keep: usize, best_step: Option<usize>) -> Result<()> {
@@ -530,7 +551,10 @@ fn train_loop(
                 n_tokens += b.n_tokens;
                 phase_ms[0] += t.elapsed().as_secs_f64() * 1e3;
                 let t = Instant::now();
-                let store = loss.backward()?;
+                let store = match state.loss_scale {
+                    Some(s) => (&loss * s.scale)?.backward()?,
+                    None => loss.backward()?,
+                };
                 if profile {
                     device.synchronize()?;
                 }
@@ -567,6 +591,31 @@ fn train_loop(
                     }
                 );
             }
+            let grads = grads.unwrap_or_default();
+            let loss_scale = state.loss_scale.map_or(1.0, |s| s.scale);
+            if let Some(scaler) = state.loss_scale.as_mut() {
+                if !scaler.update(grads_finite(&grads)?) {
+                    // The batches are used up; the update is not made and the step not counted.
+                    state.skipped_steps += 1;
+                    let msg = format!(
+                        "step {step}: gradients overflowed at loss scale {loss_scale}; update skipped, scale now {}",
+                        scaler.scale
+                    );
+                    if tty {
+                        bar.println(&msg)
+                    } else {
+                        eprintln!("{msg}")
+                    }
+                    log.write(
+                        json!({"step": state.step, "overflow": true, "loss_scale": scaler.scale}),
+                    )?;
+                    if job.interrupt.load(Ordering::SeqCst) {
+                        outcome = Outcome::Interrupted;
+                        break 'epochs;
+                    }
+                    continue;
+                }
+            }
             let lr = cfg
                 .schedule
                 .lr(step, cfg.lr, cfg.warmup, tr.model_config.d_model);
@@ -574,8 +623,8 @@ fn train_loop(
             // (Marian: the decoder starts from it), clipped, then Adam.
             let t = Instant::now();
             tr.opt.update(
-                &grads.unwrap_or_default(),
-                1.0 / n_tokens.max(1) as f64,
+                &grads,
+                1.0 / (n_tokens.max(1) as f64 * loss_scale),
                 cfg.clip_norm,
                 lr,
             )?;
