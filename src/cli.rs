@@ -210,6 +210,37 @@ pub enum DtypeArg {
     F16,
 }
 
+/// A part of the model `--freeze` holds fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FreezePart {
+    /// The shared token embeddings (tied with the output layer).
+    Embeddings,
+    /// Every encoder layer.
+    Encoder,
+    /// Every decoder layer.
+    Decoder,
+}
+
+impl FreezePart {
+    /// Whether the parameter `name` belongs to this part.
+    pub fn holds(self, name: &str) -> bool {
+        match self {
+            Self::Embeddings => name == "model.shared.weight",
+            Self::Encoder => name.starts_with("model.encoder."),
+            Self::Decoder => name.starts_with("model.decoder."),
+        }
+    }
+
+    /// The part's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Embeddings => "embeddings",
+            Self::Encoder => "encoder",
+            Self::Decoder => "decoder",
+        }
+    }
+}
+
 /// `nmt train`
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -240,8 +271,16 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Continue the run in --out from its last checkpoint, exactly where it stopped.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "init")]
     pub resume: bool,
+    /// Fine-tune: start from this model (anything `translate --model` takes) with its
+    /// architecture, weights and tokenizer, and a fresh optimizer and schedule.
+    #[arg(long, value_name = "MODEL")]
+    pub init: Option<String>,
+    /// Hold these weights fixed (repeatable): the shared embeddings (and so the tied output
+    /// layer), the encoder, or the decoder.
+    #[arg(long, value_enum, value_name = "PART")]
+    pub freeze: Vec<FreezePart>,
     /// Device.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,

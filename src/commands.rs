@@ -448,7 +448,23 @@ pub fn train(args: TrainArgs) -> Result<i32> {
         eprintln!("\ninterrupted: saving last/ after this step (Ctrl-C again to quit at once)");
     })
     .context("installing the Ctrl-C handler")?;
+    if args.init.is_some() {
+        let given = [
+            ("--d-model", args.d_model.is_some()),
+            ("--layers", args.layers.is_some()),
+            ("--heads", args.heads.is_some()),
+            ("--ffn-dim", args.ffn_dim.is_some()),
+            ("--dropout", args.dropout.is_some()),
+            ("--vocab-size", args.vocab_size.is_some()),
+            ("--tokenizer", args.tokenizer.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+            bail!("{flag} contradicts --init: the architecture, dropout and tokenizer come from the model being fine-tuned");
+        }
+    }
     let job = TrainJob {
+        init: args.init.clone(),
+        freeze: args.freeze.clone(),
         config: train_config(&args)?,
         valid: args.valid_src.zip(args.valid_tgt),
         tokenizer: args.tokenizer,

@@ -80,6 +80,7 @@ pub fn average(inputs: &[PathBuf], output: &Path) -> Result<()> {
         config: &config,
         tensors,
         tokenizer: &tok,
+        tokenizer_files: Some(first),
         optimizer: None,
         state: None,
     }

@@ -37,6 +37,9 @@ pub struct TrainerState {
     /// Updates skipped because the scaled gradients overflowed.
     #[serde(default)]
     pub skipped_steps: usize,
+    /// The parts held frozen (`--freeze`).
+    #[serde(default)]
+    pub frozen: Vec<String>,
 }
 
 /// Writes `tensors` as safetensors with the `format: pt` metadata transformers expects.
@@ -70,6 +73,9 @@ pub struct Checkpoint<'a> {
     pub tensors: HashMap<String, Tensor>,
     /// The tokenizer.
     pub tokenizer: &'a SubwordTokenizer,
+    /// A folder whose tokenizer files ([`TOKENIZER_FILES`]) are copied byte for byte instead
+    /// of writing `tokenizer`'s: a fine-tuned model keeps its original files.
+    pub tokenizer_files: Option<&'a Path>,
     /// Optimizer moments, for training checkpoints.
     pub optimizer: Option<HashMap<String, Tensor>>,
     /// Trainer state, for training checkpoints.
@@ -98,20 +104,25 @@ impl Checkpoint<'_> {
                 self.config.to_hf_json()?.as_bytes(),
             )?;
             save_safetensors(&self.tensors, &tmp.join("model.safetensors"))?;
-            self.tokenizer.save(&tmp.join("tokenizer.json"))?;
-            // Without it transformers' AutoTokenizer (and converters built on it, such as
-            // CTranslate2's) would look for Marian's SentencePiece files.
-            let tokenizer_config = serde_json::json!({
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "eos_token": crate::data::tokenizer::EOS,
-                "unk_token": crate::data::tokenizer::UNK,
-                "pad_token": crate::data::tokenizer::PAD,
-                "model_max_length": self.config.max_position_embeddings,
-            });
-            crate::io::write_atomic(
-                &tmp.join("tokenizer_config.json"),
-                serde_json::to_string_pretty(&tokenizer_config)?.as_bytes(),
-            )?;
+            match self.tokenizer_files {
+                Some(from) => copy_tokenizer_files(from, &tmp)?,
+                None => {
+                    self.tokenizer.save(&tmp.join("tokenizer.json"))?;
+                    // Without it transformers' AutoTokenizer (and converters built on it, such as
+                    // CTranslate2's) would look for Marian's SentencePiece files.
+                    let tokenizer_config = serde_json::json!({
+                        "tokenizer_class": "PreTrainedTokenizerFast",
+                        "eos_token": crate::data::tokenizer::EOS,
+                        "unk_token": crate::data::tokenizer::UNK,
+                        "pad_token": crate::data::tokenizer::PAD,
+                        "model_max_length": self.config.max_position_embeddings,
+                    });
+                    crate::io::write_atomic(
+                        &tmp.join("tokenizer_config.json"),
+                        serde_json::to_string_pretty(&tokenizer_config)?.as_bytes(),
+                    )?;
+                }
+            }
             if let Some(opt) = &self.optimizer {
                 save_safetensors(opt, &tmp.join("optimizer.safetensors"))?;
             }
@@ -136,6 +147,29 @@ impl Checkpoint<'_> {
         }
         result
     }
+}
+
+/// The files that make up a model folder's tokenizer (nmt's and transformers' tokenizer.json,
+/// OPUS-MT's SentencePiece models and vocabulary).
+pub const TOKENIZER_FILES: [&str; 6] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "source.spm",
+    "target.spm",
+    "vocab.json",
+];
+
+/// Copies the tokenizer files that `from` has into `to`, byte for byte.
+pub fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<()> {
+    for name in TOKENIZER_FILES {
+        let src = from.join(name);
+        if src.is_file() {
+            let bytes = crate::io::read_input(&src, "tokenizer")?;
+            crate::io::write_atomic(&to.join(name), &bytes)?;
+        }
+    }
+    Ok(())
 }
 
 /// Points the symbolic link `link` at `target` (relative to the link's folder) atomically.

@@ -31,6 +31,8 @@ enum Source {
         rng: RefCell<Rng>,
         vars: RefCell<Vec<(String, Var)>>,
         buffers: RefCell<Vec<(String, Tensor)>>,
+        /// Pretrained tensors the variables start from (fine-tuning), and their file.
+        from: Option<(HashMap<String, Tensor>, PathBuf)>,
     },
 }
 
@@ -106,10 +108,27 @@ impl Weights {
                 rng: RefCell::new(Rng::new(seed)),
                 vars: RefCell::new(Vec::new()),
                 buffers: RefCell::new(Vec::new()),
+                from: None,
             },
             device: device.clone(),
             dtype,
         }
+    }
+
+    /// Trainable variables starting from the tensors of the weights file `path` (fine-tuning):
+    /// every tensor the model asks for must be there, with its shape.
+    pub fn start_from(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let tensors = read_tensors(path, device)?;
+        Ok(Self {
+            source: Source::Init {
+                rng: RefCell::new(Rng::new(0)),
+                vars: RefCell::new(Vec::new()),
+                buffers: RefCell::new(Vec::new()),
+                from: Some((tensors, path.to_path_buf())),
+            },
+            device: device.clone(),
+            dtype,
+        })
     }
 
     /// Whether the tensors come from a file (fixed for the model's lifetime) rather than
@@ -159,8 +178,13 @@ impl Weights {
                 Ok(Tensor::zeros(dims, self.dtype, &self.device)?)
             }
             Source::Loaded { .. } => self.get(name, dims, Init::Zeros),
-            Source::Init { buffers, .. } => {
-                let t = Tensor::zeros(dims, self.dtype, &self.device)?;
+            Source::Init { buffers, from, .. } => {
+                let t = match from {
+                    Some((tensors, path)) if tensors.contains_key(name) => {
+                        pretrained(tensors, path, name, dims)?.to_dtype(self.dtype)?
+                    }
+                    _ => Tensor::zeros(dims, self.dtype, &self.device)?,
+                };
                 buffers.borrow_mut().push((name.to_string(), t.clone()));
                 Ok(t)
             }
@@ -170,22 +194,16 @@ impl Weights {
     /// The tensor `name` of shape `dims`; created with `init` for a new model.
     pub fn get(&self, name: &str, dims: &[usize], init: Init) -> Result<Tensor> {
         match &self.source {
-            Source::Loaded { tensors, path } => {
-                let t = if SHARED_ALIASES.contains(&name) {
-                    SHARED_ALIASES.iter().find_map(|n| tensors.get(*n))
-                } else {
-                    tensors.get(name)
-                };
-                let t = t.ok_or_else(|| anyhow!("{}: tensor {name} is missing", path.display()))?;
-                if t.dims() != dims {
-                    bail!(
-                        "{}: tensor {name} has shape {:?}, the config implies {:?}",
-                        path.display(),
-                        t.dims(),
-                        dims
-                    );
-                }
-                Ok(t.clone())
+            Source::Loaded { tensors, path } => pretrained(tensors, path, name, dims),
+            Source::Init {
+                vars,
+                from: Some((tensors, path)),
+                ..
+            } => {
+                let t = pretrained(tensors, path, name, dims)?.to_dtype(self.dtype)?;
+                let var = Var::from_tensor(&t).with_context(|| format!("creating {name}"))?;
+                vars.borrow_mut().push((name.to_string(), var.clone()));
+                Ok(var.as_tensor().clone())
             }
             Source::Init { rng, vars, .. } => {
                 let n: usize = dims.iter().product();
@@ -216,6 +234,31 @@ impl Weights {
             }
         }
     }
+}
+
+/// Tensor `name` of a weights file (the tied embedding under any of its names), checked
+/// against the shape the config implies.
+fn pretrained(
+    tensors: &HashMap<String, Tensor>,
+    path: &Path,
+    name: &str,
+    dims: &[usize],
+) -> Result<Tensor> {
+    let t = if SHARED_ALIASES.contains(&name) {
+        SHARED_ALIASES.iter().find_map(|n| tensors.get(*n))
+    } else {
+        tensors.get(name)
+    };
+    let t = t.ok_or_else(|| anyhow!("{}: tensor {name} is missing", path.display()))?;
+    if t.dims() != dims {
+        bail!(
+            "{}: tensor {name} has shape {:?}, the config implies {:?}",
+            path.display(),
+            t.dims(),
+            dims
+        );
+    }
+    Ok(t.clone())
 }
 
 fn uniform(rng: &mut Rng) -> f64 {

@@ -13,10 +13,11 @@ pub mod plot;
 pub mod schedule;
 
 use crate::checkpoint::{self, Checkpoint, TrainerState};
+use crate::cli::FreezePart;
 use crate::data::batch::{epoch_order, Batch, Mixture};
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::eval::{bleu::Bleu, Metric};
-use crate::model::weights::{read_tensors, Weights};
+use crate::model::weights::Weights;
 use crate::model::{Dropout, ModelConfig, Seq2Seq};
 use crate::ops;
 use crate::translate::SearchOptions;
@@ -46,6 +47,10 @@ pub struct TrainJob {
     pub config: TrainConfig,
     /// Continue the run in `out`.
     pub resume: bool,
+    /// Fine-tune from this model (a folder, run or Hub id).
+    pub init: Option<String>,
+    /// Parts held fixed.
+    pub freeze: Vec<FreezePart>,
     /// Device and dtype.
     pub device: Device,
     /// Weight dtype.
@@ -146,6 +151,8 @@ struct Trainer<'a> {
     weights: Weights,
     opt: Adam,
     tok: SubwordTokenizer,
+    /// A fine-tuned model's own tokenizer files, copied into every checkpoint.
+    tokenizer_files: Option<PathBuf>,
 }
 
 impl Trainer<'_> {
@@ -223,6 +230,7 @@ impl Trainer<'_> {
             config: &self.model_config,
             tensors: self.weights.named_tensors().into_iter().collect(),
             tokenizer: &self.tok,
+            tokenizer_files: self.tokenizer_files.as_deref(),
             optimizer: Some(self.opt.state()?),
             state: Some(state),
         }
@@ -253,19 +261,41 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         }
         None
     };
+    // Fine-tuning: the model's own tokenizer files, kept byte for byte in DIR/model-tokenizer
+    // and copied into every checkpoint.
+    let init_dir = job.init.as_deref().map(checkpoint::resolve).transpose()?;
+    let kept_tokenizer = job.out.join("model-tokenizer");
+    if let Some(dir) = &init_dir {
+        if crate::data::opus::is_opus_dir(dir) {
+            bail!(
+                "{}: an OPUS-MT model (source.spm, target.spm) cannot be fine-tuned yet; models with a tokenizer.json can",
+                dir.display()
+            );
+        }
+        std::fs::create_dir_all(&kept_tokenizer)
+            .with_context(|| format!("{}: cannot create", kept_tokenizer.display()))?;
+        checkpoint::folder::copy_tokenizer_files(dir, &kept_tokenizer)?;
+    }
     let data_start = Instant::now();
+    let init_tokenizer = init_dir.as_ref().map(|d| d.join("tokenizer.json"));
     let (tok, mixture, valid) = data::load(
         cfg,
-        job.tokenizer.as_deref(),
+        init_tokenizer.as_deref().or(job.tokenizer.as_deref()),
         job.valid.as_ref(),
         &job.out,
         job.resume.then_some(last.as_path()),
     )?;
     tok.save(&job.out.join("tokenizer.json"))?;
-    let model_config = if job.resume {
-        ModelConfig::load(&last.join("config.json"))?
-    } else {
-        model_config(cfg, &tok)
+    let model_config = match (&init_dir, job.resume) {
+        (_, true) => ModelConfig::load(&last.join("config.json"))?,
+        (Some(dir), false) => {
+            eprintln!(
+                "fine-tuning {}: architecture, dropout and tokenizer from the model, a fresh optimizer and schedule",
+                dir.display()
+            );
+            ModelConfig::load(&dir.join("config.json"))?
+        }
+        (None, false) => model_config(cfg, &tok),
     };
     if model_config.vocab_size != tok.vocab_size() {
         bail!(
@@ -282,10 +312,50 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         );
     }
     // Model and optimizer.
-    let weights = Weights::init(cfg.seed, &job.device, job.dtype);
+    // A resumed run starts from its last weights (variables and buffers), a fine-tuned one
+    // from the model's, a new one from the seed.
+    let weights = match (&init_dir, job.resume) {
+        (_, true) => Weights::start_from(&last.join("model.safetensors"), &job.device, job.dtype)?,
+        (Some(dir), false) => {
+            Weights::start_from(&checkpoint::hub::weights_file(dir), &job.device, job.dtype)?
+        }
+        (None, false) => Weights::init(cfg.seed, &job.device, job.dtype),
+    };
     let model = Seq2Seq::new(&model_config, &weights)?;
+    // Frozen parts stay out of the optimizer: never updated, bit for bit.
+    let frozen: Vec<String> = match &resume_state {
+        Some(s) if job.freeze.is_empty() => s.frozen.clone(),
+        _ => job.freeze.iter().map(|p| p.name().to_string()).collect(),
+    };
+    if let Some(s) = resume_state.as_ref().filter(|s| s.frozen != frozen) {
+        bail!(
+            "--freeze {:?} differs from the run's {:?}: a resumed run keeps what it froze",
+            frozen,
+            s.frozen
+        );
+    }
+    let is_frozen = |name: &str| {
+        job.freeze.iter().any(|p| p.holds(name))
+            || frozen.iter().any(|f| {
+                [
+                    FreezePart::Embeddings,
+                    FreezePart::Encoder,
+                    FreezePart::Decoder,
+                ]
+                .iter()
+                .any(|p| p.name() == f && p.holds(name))
+            })
+    };
+    let trained: Vec<_> = weights
+        .vars()
+        .into_iter()
+        .filter(|(name, _)| !is_frozen(name))
+        .collect();
+    if trained.is_empty() {
+        bail!("--freeze holds every weight fixed: nothing is left to train");
+    }
     let mut opt = Adam::new(
-        weights.vars(),
+        trained,
         AdamConfig {
             beta1: cfg.adam_beta1,
             beta2: cfg.adam_beta2,
@@ -308,16 +378,9 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
             _ => None,
         },
         skipped_steps: 0,
+        frozen: frozen.clone(),
     };
     if let Some(s) = resume_state {
-        let saved = read_tensors(&last.join("model.safetensors"), &job.device)?;
-        for (name, var) in opt.vars() {
-            let t = saved
-                .get(name)
-                .ok_or_else(|| anyhow!("{}: tensor {name} is missing", last.display()))?;
-            var.set(&t.to_dtype(job.dtype)?)
-                .with_context(|| format!("restoring {name}"))?;
-        }
         opt.load_state(&last.join("optimizer.safetensors"), s.step)?;
         eprintln!(
             "resuming at step {} (epoch {}, batch {})",
@@ -337,6 +400,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         weights,
         opt,
         tok,
+        tokenizer_files: kept_tokenizer.is_dir().then_some(kept_tokenizer),
     };
     train_loop(
         &mut trainer,
@@ -344,6 +408,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         valid.as_ref(),
         &mut state,
         data_start.elapsed().as_secs_f64(),
+        init_dir.is_some(),
     )
 }
 
@@ -380,6 +445,7 @@ fn train_loop(
     valid: Option<&data::Valid>,
     state: &mut TrainerState,
     data_s: f64,
+    validate_first: bool,
 ) -> Result<Outcome> {
     let cfg = tr.cfg;
     let job = tr.job;
@@ -459,6 +525,11 @@ fn train_loop(
         prune_checkpoints(out, cfg.keep_last, state.best_step)?;
         Ok(improved)
     };
+    // A fine-tuned run is validated before any update: the log shows where the model starts.
+    if validate_first && valid.is_some() && state.step == 0 {
+        save_and_validate(tr, state, &mut log)?;
+        last_saved = Some(0);
+    }
     'epochs: loop {
         if cfg.max_epochs.is_some_and(|m| state.epoch > m) {
             break;

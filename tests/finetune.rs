@@ -1,0 +1,184 @@
+//! Fine-tuning with `nmt train --init MODEL`: the model's weights, architecture and tokenizer
+//! carry over, validation runs before the first update, the tokenizer files stay byte for
+//! byte, frozen parts stay bit for bit, and contradictions are clear errors.
+
+mod common;
+use common::{losses, nmt_err, nmt_ok, s, toy_corpus, TINY};
+use std::path::Path;
+
+/// Tensors of a checkpoint's model.safetensors.
+fn tensors(dir: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
+    candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+        .unwrap()
+}
+
+fn same(a: &candle_core::Tensor, b: &candle_core::Tensor) -> bool {
+    a.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+#[test]
+fn fine_tuning_starts_from_the_model_and_keeps_its_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, tgt) = toy_corpus(dir.path(), "train", 5, 600);
+    let (vsrc, vtgt) = toy_corpus(dir.path(), "valid", 6, 50);
+    let cfg = dir.path().join("cfg.json");
+    std::fs::write(&cfg, r#"{"log_every": 1, "lr": 0.003, "warmup": 50}"#).unwrap();
+    let data = [
+        "--src",
+        s(&src),
+        "--tgt",
+        s(&tgt),
+        "--valid-src",
+        s(&vsrc),
+        "--valid-tgt",
+        s(&vtgt),
+        "--config",
+        s(&cfg),
+    ];
+    // The pretrained model: a tiny one trained for a while.
+    let base = dir.path().join("base");
+    let mut args = vec!["train", "--out", s(&base), "--max-steps", "150"];
+    args.extend_from_slice(&data);
+    args.extend_from_slice(TINY);
+    nmt_ok(&args, b"");
+    let model = base.join("last");
+    // Fine-tuned, and from scratch for comparison (same data, same steps).
+    let tuned = dir.path().join("tuned");
+    let mut args = vec![
+        "train",
+        "--out",
+        s(&tuned),
+        "--init",
+        s(&model),
+        "--max-steps",
+        "5",
+        "--valid-every",
+        "5",
+        "--max-tokens",
+        "512",
+    ];
+    args.extend_from_slice(&data);
+    let said = common::nmt(&args, b"");
+    let err = String::from_utf8_lossy(&said.stderr);
+    assert!(said.status.success(), "{err}");
+    assert!(err.contains("fine-tuning"), "{err}");
+    let scratch = dir.path().join("scratch");
+    let mut args = vec!["train", "--out", s(&scratch), "--max-steps", "5"];
+    args.extend_from_slice(&data);
+    args.extend_from_slice(TINY);
+    nmt_ok(&args, b"");
+    // The first loss shows the pretrained weights carried over.
+    let (first, from_scratch) = (losses(&tuned)[0].1, losses(&scratch)[0].1);
+    assert!(first < 0.5 * from_scratch, "{first} vs {from_scratch}");
+    // Validation before any update: a step-0 record and checkpoint.
+    let text = std::fs::read_to_string(tuned.join("metrics.jsonl")).unwrap();
+    let v0: serde_json::Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["step"] == 0 && !v["val_bleu"].is_null())
+        .expect("a validation at step 0");
+    assert!(v0["val_bleu"].as_f64().unwrap() > 0.0, "{v0}");
+    assert!(tuned.join("checkpoints/step-00000000").is_dir());
+    // The step-0 checkpoint is the model itself; the tokenizer files are byte-identical.
+    for ckpt in ["checkpoints/step-00000000", "last"] {
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            assert_eq!(
+                std::fs::read(tuned.join(ckpt).join(f)).unwrap(),
+                std::fs::read(model.join(f)).unwrap(),
+                "{ckpt}/{f}"
+            );
+        }
+    }
+    let (a, b) = (
+        tensors(&model),
+        tensors(&tuned.join("checkpoints/step-00000000")),
+    );
+    assert!(a.iter().all(|(k, t)| same(t, &b[k])));
+    // The fine-tuned model translates.
+    nmt_ok(&["translate", "--model", s(&tuned)], b"1 2 3\n");
+
+    // --freeze encoder: every encoder weight stays bit for bit, the decoder moves.
+    let frozen = dir.path().join("frozen");
+    let mut args = vec![
+        "train",
+        "--out",
+        s(&frozen),
+        "--init",
+        s(&model),
+        "--freeze",
+        "encoder",
+        "--max-steps",
+        "3",
+    ];
+    args.extend_from_slice(&data[..4]);
+    args.extend_from_slice(&data[8..]);
+    nmt_ok(&args, b"");
+    let after = tensors(&frozen.join("last"));
+    let enc: Vec<&String> = a
+        .keys()
+        .filter(|k| k.starts_with("model.encoder."))
+        .collect();
+    assert!(!enc.is_empty());
+    assert!(enc.iter().all(|k| same(&a[*k], &after[*k])));
+    assert!(a
+        .keys()
+        .filter(|k| k.starts_with("model.decoder.layers"))
+        .any(|k| !same(&a[k], &after[k])));
+    // Resuming keeps the freeze.
+    let mut resumed = args.clone();
+    resumed.retain(|x| !["--init", s(&model), "--freeze", "encoder"].contains(x));
+    let n = resumed.iter().position(|x| *x == "--max-steps").unwrap();
+    resumed[n + 1] = "5";
+    resumed.push("--resume");
+    nmt_ok(&resumed, b"");
+    let again = tensors(&frozen.join("last"));
+    assert!(enc.iter().all(|k| same(&a[*k], &again[*k])));
+
+    // Contradictions.
+    let bad_out = dir.path().join("bad");
+    let bad = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--out",
+            s(&bad_out),
+            "--max-steps",
+            "1",
+            "--init",
+            s(&model),
+        ];
+        args.extend_from_slice(&data[..4]);
+        args.extend_from_slice(extra);
+        nmt_err(&args, b"")
+    };
+    let err = bad(&["--d-model", "64"]);
+    assert!(err.contains("--d-model contradicts --init"), "{err}");
+    let err = bad(&["--resume"]);
+    assert!(err.contains("--resume") && err.contains("--init"), "{err}");
+    let err = bad(&[
+        "--freeze",
+        "embeddings",
+        "--freeze",
+        "encoder",
+        "--freeze",
+        "decoder",
+    ]);
+    assert!(err.contains("nothing is left to train"), "{err}");
+    let opus = common::fixture("opus-tiny");
+    let opus_out = dir.path().join("opus");
+    let mut args = vec![
+        "train",
+        "--out",
+        s(&opus_out),
+        "--max-steps",
+        "1",
+        "--init",
+        s(&opus),
+    ];
+    args.extend_from_slice(&data[..4]);
+    let err = nmt_err(&args, b"");
+    assert!(
+        err.contains("OPUS-MT") && err.contains("cannot be fine-tuned yet"),
+        "{err}"
+    );
+}
