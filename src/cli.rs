@@ -90,7 +90,7 @@ pub struct PrepareArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Drop pairs with a side longer than N tokens (`</s>` included).
-    #[arg(long, value_name = "N", default_value_t = 128)]
+    #[arg(long, value_name = "N", default_value_t = crate::train::config::TrainConfig::default().max_len)]
     pub max_len: usize,
     /// Drop pairs whose longer side has more than R times the tokens of the shorter.
     #[arg(long, value_name = "R")]
