@@ -83,7 +83,8 @@ pub struct PrepareArgs {
     /// Target text file, line-aligned with --src.
     #[arg(long, value_name = "FILE")]
     pub tgt: PathBuf,
-    /// The tokenizer.json to tokenize with (or a model folder holding one).
+    /// The tokenizer.json to tokenize with, or a model folder (its tokenizer.json, or an
+    /// OPUS-MT model's SentencePiece files, the target side with target.spm).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: PathBuf,
     /// The store folder to create.

@@ -420,7 +420,7 @@ pub fn prepare(args: PrepareArgs) -> Result<()> {
             args.out.display()
         );
     }
-    let tok = SubwordTokenizer::load(&tokenizer_path(&args.tokenizer))?;
+    let tok = SubwordTokenizer::load_any(&args.tokenizer)?;
     let filters = Filters {
         max_len: args.max_len,
         max_len_ratio: args.max_len_ratio,

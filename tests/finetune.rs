@@ -164,21 +164,90 @@ fn fine_tuning_starts_from_the_model_and_keeps_its_tokenizer() {
         "decoder",
     ]);
     assert!(err.contains("nothing is left to train"), "{err}");
-    let opus = common::fixture("opus-tiny");
-    let opus_out = dir.path().join("opus");
-    let mut args = vec![
-        "train",
-        "--out",
-        s(&opus_out),
-        "--max-steps",
-        "1",
-        "--init",
-        s(&opus),
+}
+
+/// An OPUS-MT model (SentencePiece models and vocab.json, no tokenizer.json) fine-tunes: the
+/// source side is segmented with source.spm, the target side with target.spm, and every
+/// checkpoint carries the model's files byte for byte, so it loads and translates as before.
+#[test]
+fn an_opus_mt_model_fine_tunes_with_its_own_sentencepiece_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let de = [
+        "Zwei junge Männer spielen Fußball.",
+        "Ein Hund läuft über die Straße.",
+        "Eine Frau trägt einen Hut.",
     ];
-    args.extend_from_slice(&data[..4]);
-    let err = nmt_err(&args, b"");
-    assert!(
-        err.contains("OPUS-MT") && err.contains("cannot be fine-tuned yet"),
-        "{err}"
+    let en = [
+        "Two young men play football.",
+        "A dog runs across the street.",
+        "A woman wears a hat.",
+    ];
+    let (src, tgt) = (dir.path().join("t.de"), dir.path().join("t.en"));
+    let many = |lines: &[&str]| {
+        lines
+            .iter()
+            .cycle()
+            .take(60)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    std::fs::write(&src, many(&de)).unwrap();
+    std::fs::write(&tgt, many(&en)).unwrap();
+    let opus = common::fixture("opus-tiny");
+    let run = dir.path().join("run");
+    nmt_ok(
+        &[
+            "train",
+            "--init",
+            s(&opus),
+            "--src",
+            s(&src),
+            "--tgt",
+            s(&tgt),
+            "--valid-src",
+            s(&src),
+            "--valid-tgt",
+            s(&tgt),
+            "--out",
+            s(&run),
+            "--max-steps",
+            "3",
+            "--max-tokens",
+            "256",
+        ],
+        b"",
     );
+    for ckpt in ["checkpoints/step-00000000", "last"] {
+        for f in [
+            "source.spm",
+            "target.spm",
+            "vocab.json",
+            "tokenizer_config.json",
+        ] {
+            assert_eq!(
+                std::fs::read(run.join(ckpt).join(f)).unwrap(),
+                std::fs::read(opus.join(f)).unwrap(),
+                "{ckpt}/{f}"
+            );
+        }
+        assert!(!run.join(ckpt).join("tokenizer.json").exists());
+    }
+    // The store carries the model's tokenizer files (its fingerprint covers all of them).
+    assert!(run.join("data/train/target.spm").is_file());
+    let out = nmt_ok(
+        &["translate", "--model", s(&run.join("last"))],
+        de[0].as_bytes(),
+    );
+    assert_eq!(out.lines().count(), 1);
+    // The step-0 checkpoint is the model: it translates exactly as the model does.
+    let before = nmt_ok(&["translate", "--model", s(&opus)], de[1].as_bytes());
+    let step0 = nmt_ok(
+        &[
+            "translate",
+            "--model",
+            s(&run.join("checkpoints/step-00000000")),
+        ],
+        de[1].as_bytes(),
+    );
+    assert_eq!(before, step0);
 }

@@ -112,6 +112,23 @@ impl OpusVocab {
     /// Pieces of a source line: special tokens written in the text are kept whole, a leading
     /// `>>xx<<` language code is one piece, the rest is segmented by `source.spm`.
     pub fn encode_pieces(&self, text: &str) -> Result<Vec<String>> {
+        self.pieces(text, &self.source)
+    }
+
+    /// Ids of a target line for training, as `MarianTokenizer(text_target=…)` makes them: the
+    /// same rules with `target.spm` (no `</s>` appended).
+    pub fn encode_target_ids(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.ids(&self.pieces(text, &self.target)?))
+    }
+
+    fn ids(&self, pieces: &[String]) -> Vec<u32> {
+        pieces
+            .iter()
+            .map(|p| self.piece_to_id(p).unwrap_or(self.unk_id))
+            .collect()
+    }
+
+    fn pieces(&self, text: &str, spm: &SpmModel) -> Result<Vec<String>> {
         let mut out = Vec::new();
         let mut rest = text;
         while !rest.is_empty() {
@@ -125,7 +142,7 @@ impl OpusVocab {
                 None => (rest, None),
             };
             if !chunk.is_empty() {
-                self.encode_chunk(chunk, &mut out)?;
+                encode_chunk(spm, chunk, &mut out)?;
             }
             match special {
                 Some(p) => {
@@ -138,23 +155,9 @@ impl OpusVocab {
         Ok(out)
     }
 
-    fn encode_chunk(&self, chunk: &str, out: &mut Vec<String>) -> Result<()> {
-        let mut text = chunk;
-        if let Some(end) = chunk.strip_prefix(">>").and_then(|r| r.find("<<")) {
-            out.push(chunk[..end + 4].to_string());
-            text = &chunk[end + 4..];
-        }
-        out.extend(self.source.encode(text)?);
-        Ok(())
-    }
-
     /// Ids of a source line (no `</s>` appended).
     pub fn encode_ids(&self, text: &str) -> Result<Vec<u32>> {
-        Ok(self
-            .encode_pieces(text)?
-            .iter()
-            .map(|p| self.piece_to_id(p).unwrap_or(self.unk_id))
-            .collect())
+        Ok(self.ids(&self.encode_pieces(text)?))
     }
 
     /// Text of output ids: special tokens dropped, pieces joined by `target.spm`, `▁` made a
@@ -170,5 +173,39 @@ impl OpusVocab {
             .collect();
         let text = self.target.decode(&pieces).replace(SPACE, " ");
         text.trim_matches(is_py_space).to_string()
+    }
+}
+
+/// Appends the pieces of a chunk without special tokens: a leading `>>xx<<` language code
+/// whole, the rest as `spm` segments it.
+fn encode_chunk(spm: &SpmModel, chunk: &str, out: &mut Vec<String>) -> Result<()> {
+    let mut text = chunk;
+    if let Some(end) = chunk.strip_prefix(">>").and_then(|r| r.find("<<")) {
+        out.push(chunk[..end + 4].to_string());
+        text = &chunk[end + 4..];
+    }
+    out.extend(spm.encode(text)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_segmented_with_target_spm() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/opus-tiny");
+        let vocab = OpusVocab::load(&dir).unwrap();
+        let text = "A woman wears a white hat.";
+        let want: Vec<u32> = vocab
+            .target
+            .encode(text)
+            .unwrap()
+            .iter()
+            .map(|p| vocab.piece_to_id(p).unwrap_or(vocab.unk_id))
+            .collect();
+        assert_eq!(vocab.encode_target_ids(text).unwrap(), want);
+        // The two models segment differently: the source side is not what targets get.
+        assert_ne!(vocab.encode_ids(text).unwrap(), want);
     }
 }

@@ -221,7 +221,7 @@ fn write_store(
         let encoded: Vec<(Vec<u32>, Vec<u32>)> = s
             .par_iter()
             .zip(&t)
-            .map(|(a, b)| Ok((tok.encode_ids_cached(a)?, tok.encode_ids_cached(b)?)))
+            .map(|(a, b)| Ok((tok.encode_ids_cached(a)?, tok.encode_target_ids(b)?)))
             .collect::<Result<_>>()?;
         buf.clear();
         for (a, b) in &encoded {
@@ -257,7 +257,9 @@ fn write_store(
         lengths.finish(DATA_FILES[1])?,
         offsets.finish(DATA_FILES[2])?,
     ];
-    tok.save(&dir.join("tokenizer.json"))?;
+    for (name, bytes) in tok.model_files()? {
+        crate::io::write_atomic(&dir.join(name), &bytes)?;
+    }
     let manifest = Manifest {
         format: store::FORMAT.into(),
         version: store::VERSION,

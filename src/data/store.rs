@@ -7,7 +7,8 @@
 //!   both source files' paths, sizes and modification times, the filters), what was filtered,
 //!   the counts, and a CRC-32 of every 64 MiB chunk of the data files. It carries a CRC-32 of
 //!   itself, so an edited or damaged manifest is refused too.
-//! - `tokenizer.json`, a copy of the tokenizer it was made with (a store is self-contained).
+//! - a copy of the tokenizer it was made with (`tokenizer.json`, or OPUS-MT's SentencePiece
+//!   models and vocabulary): a store is self-contained.
 //! - `tokens.bin`: each kept pair's source ids then its target ids, `</s>` left out, as
 //!   little-endian u16 when the vocabulary fits in 16 bits, else u32.
 //! - `lengths.bin`: per pair, the source and target lengths as two little-endian u16.
@@ -192,13 +193,17 @@ impl Manifest {
     }
 }
 
-/// The fingerprint of a tokenizer: SHA-256 of its canonical JSON.
+/// The fingerprint of a tokenizer: SHA-256 over its files (canonical `tokenizer.json`, or
+/// OPUS-MT's SentencePiece models and vocabulary), names and lengths included.
 pub fn fingerprint(tok: &SubwordTokenizer) -> Result<String> {
-    let json = tok.to_json()?;
-    Ok(Sha256::digest(json.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    let mut h = Sha256::new();
+    for (name, bytes) in tok.model_files()? {
+        h.update((name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// An opened, verified store.
@@ -342,7 +347,7 @@ impl Store {
 
     /// The tokenizer stored with the corpus.
     pub fn tokenizer(&self) -> Result<SubwordTokenizer> {
-        SubwordTokenizer::load(&self.dir.join("tokenizer.json"))
+        SubwordTokenizer::load_dir(&self.dir)
     }
 
     /// Fails, saying why and how to re-prepare, unless the store was made with `tok`.

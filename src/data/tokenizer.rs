@@ -283,6 +283,15 @@ impl SubwordTokenizer {
         Self::from_tokenizer(tok, path)
     }
 
+    /// A `tokenizer.json` file, or the tokenizer of a model folder ([`Self::load_dir`]).
+    pub fn load_any(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            Self::load_dir(path)
+        } else {
+            Self::load(path)
+        }
+    }
+
     /// Loads the tokenizer of a model folder: its `tokenizer.json`, or else OPUS-MT's
     /// `source.spm`, `target.spm` and `vocab.json`.
     pub fn load_dir(dir: &Path) -> Result<Self> {
@@ -380,6 +389,37 @@ impl SubwordTokenizer {
             }
             Ok(ids)
         })
+    }
+
+    /// Ids of a target line for training (no `</s>` appended): as [`Self::encode_ids_cached`]
+    /// for one joint vocabulary; OPUS-MT segments targets with its `target.spm`.
+    pub fn encode_target_ids(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.backend {
+            Backend::Hf(_) => self.encode_ids_cached(text),
+            Backend::Opus(vocab) => vocab.encode_target_ids(text),
+        }
+    }
+
+    /// The files that define the tokenizer, by name and content: a `tokenizer.json`, or
+    /// OPUS-MT's SentencePiece models and vocabulary (with its tokenizer_config.json).
+    pub fn model_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        match &self.backend {
+            Backend::Hf(_) => Ok(vec![(
+                "tokenizer.json".into(),
+                self.to_json()?.into_bytes(),
+            )]),
+            Backend::Opus(vocab) => {
+                let dir = vocab.path.parent().unwrap_or(Path::new("."));
+                let mut files = Vec::new();
+                for name in opus::FILES.iter().chain(&["tokenizer_config.json"]) {
+                    let p = dir.join(name);
+                    if p.is_file() {
+                        files.push((name.to_string(), crate::io::read_input(&p, "tokenizer")?));
+                    }
+                }
+                Ok(files)
+            }
+        }
     }
 
     /// The tokenizer as the text of a `tokenizer.json`.

@@ -48,8 +48,8 @@ fn open_stores(cfg: &TrainConfig) -> Result<Vec<Option<Store>>> {
         .collect()
 }
 
-/// The run's tokenizer: the resumed run's, `--tokenizer`, the first prepared store's, or one
-/// trained on (a sample of) the text corpora.
+/// The run's tokenizer: the resumed run's, `--tokenizer` (a file, or a model folder when
+/// fine-tuning), the first prepared store's, or one trained on (a sample of) the text corpora.
 fn tokenizer(
     cfg: &TrainConfig,
     given: Option<&Path>,
@@ -57,10 +57,10 @@ fn tokenizer(
     stores: &[Option<Store>],
 ) -> Result<SubwordTokenizer> {
     if let Some(last) = resume_dir {
-        return SubwordTokenizer::load(&last.join("tokenizer.json"));
+        return SubwordTokenizer::load_dir(last);
     }
     if let Some(p) = given {
-        return SubwordTokenizer::load(p);
+        return SubwordTokenizer::load_any(p);
     }
     if let Some(store) = stores.iter().flatten().next() {
         return store.tokenizer();

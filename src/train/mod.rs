@@ -266,26 +266,21 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
     let init_dir = job.init.as_deref().map(checkpoint::resolve).transpose()?;
     let kept_tokenizer = job.out.join("model-tokenizer");
     if let Some(dir) = &init_dir {
-        if crate::data::opus::is_opus_dir(dir) {
-            bail!(
-                "{}: an OPUS-MT model (source.spm, target.spm) cannot be fine-tuned yet; models with a tokenizer.json can",
-                dir.display()
-            );
-        }
         std::fs::create_dir_all(&kept_tokenizer)
             .with_context(|| format!("{}: cannot create", kept_tokenizer.display()))?;
         checkpoint::folder::copy_tokenizer_files(dir, &kept_tokenizer)?;
     }
     let data_start = Instant::now();
-    let init_tokenizer = init_dir.as_ref().map(|d| d.join("tokenizer.json"));
     let (tok, mixture, valid) = data::load(
         cfg,
-        init_tokenizer.as_deref().or(job.tokenizer.as_deref()),
+        init_dir.as_deref().or(job.tokenizer.as_deref()),
         job.valid.as_ref(),
         &job.out,
         job.resume.then_some(last.as_path()),
     )?;
-    tok.save(&job.out.join("tokenizer.json"))?;
+    for (name, bytes) in tok.model_files()? {
+        crate::io::write_atomic(&job.out.join(name), &bytes)?;
+    }
     let model_config = match (&init_dir, job.resume) {
         (_, true) => ModelConfig::load(&last.join("config.json"))?,
         (Some(dir), false) => {
