@@ -454,16 +454,16 @@ pub fn train(args: TrainArgs) -> Result<i32> {
             ("--layers", args.layers.is_some()),
             ("--heads", args.heads.is_some()),
             ("--ffn-dim", args.ffn_dim.is_some()),
-            ("--dropout", args.dropout.is_some()),
             ("--vocab-size", args.vocab_size.is_some()),
             ("--tokenizer", args.tokenizer.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
-            bail!("{flag} contradicts --init: the architecture, dropout and tokenizer come from the model being fine-tuned");
+            bail!("{flag} contradicts --init: the architecture and tokenizer come from the model being fine-tuned");
         }
     }
     let job = TrainJob {
         init: args.init.clone(),
+        dropout: args.dropout,
         freeze: args.freeze.clone(),
         config: train_config(&args)?,
         valid: args.valid_src.zip(args.valid_tgt),

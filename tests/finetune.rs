@@ -251,3 +251,77 @@ fn an_opus_mt_model_fine_tunes_with_its_own_sentencepiece_files() {
     );
     assert_eq!(before, step0);
 }
+
+/// The first loss of `--init` equals what transformers computes for the same batch
+/// (tests/fixtures/*/finetune.json, from scripts/gen-finetune-fixture.py), and the prepared
+/// ids equal transformers' tokenizers' (MarianTokenizer with text_target for OPUS-MT): the
+/// weights, both sides' tokenization and the label layout all carried over.
+#[test]
+fn the_first_fine_tuning_loss_equals_transformers() {
+    for name in ["nmt-toy", "opus-tiny"] {
+        let fixture = common::fixture(name);
+        let want: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture.join("finetune.json")).unwrap())
+                .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (src, tgt) = (dir.path().join("s.txt"), dir.path().join("t.txt"));
+        let side = |i: usize| -> String {
+            want["pairs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p[i].as_str().unwrap().to_string() + "\n")
+                .collect()
+        };
+        std::fs::write(&src, side(0)).unwrap();
+        std::fs::write(&tgt, side(1)).unwrap();
+        let cfg = dir.path().join("cfg.json");
+        std::fs::write(&cfg, r#"{"log_every": 1}"#).unwrap();
+        let run = dir.path().join("run");
+        nmt_ok(
+            &[
+                "train",
+                "--init",
+                s(&fixture),
+                "--src",
+                s(&src),
+                "--tgt",
+                s(&tgt),
+                "--out",
+                s(&run),
+                "--config",
+                s(&cfg),
+                "--dropout",
+                "0",
+                "--label-smoothing",
+                "0",
+                "--max-tokens",
+                "4096",
+                "--max-steps",
+                "1",
+            ],
+            b"",
+        );
+        let store = nmt::data::store::Store::open(&run.join("data/train")).unwrap();
+        for (i, (s_ids, t_ids)) in want["src_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(want["tgt_ids"].as_array().unwrap())
+            .enumerate()
+        {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            store.read_pair(i, &mut a, &mut b);
+            a.push(0);
+            b.push(0);
+            assert_eq!(serde_json::json!(a), *s_ids, "{name}: source {i}");
+            assert_eq!(serde_json::json!(b), *t_ids, "{name}: target {i}");
+        }
+        let got = losses(&run)[0].1;
+        let expected = want["loss"].as_f64().unwrap();
+        assert!(
+            (got - expected).abs() <= 1e-5 * expected.abs().max(1.0),
+            "{name}: nmt {got} vs transformers {expected}"
+        );
+    }
+}

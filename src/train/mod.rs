@@ -51,6 +51,8 @@ pub struct TrainJob {
     pub init: Option<String>,
     /// Parts held fixed.
     pub freeze: Vec<FreezePart>,
+    /// `--dropout`, which also replaces a fine-tuned model's own.
+    pub dropout: Option<f64>,
     /// Device and dtype.
     pub device: Device,
     /// Weight dtype.
@@ -288,7 +290,11 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
                 "fine-tuning {}: architecture, dropout and tokenizer from the model, a fresh optimizer and schedule",
                 dir.display()
             );
-            ModelConfig::load(&dir.join("config.json"))?
+            let mut c = ModelConfig::load(&dir.join("config.json"))?;
+            if let Some(p) = job.dropout {
+                c.dropout = p;
+            }
+            c
         }
         (None, false) => model_config(cfg, &tok),
     };
