@@ -232,13 +232,12 @@ impl FreezePart {
         }
     }
 
-    /// The part's name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Embeddings => "embeddings",
-            Self::Encoder => "encoder",
-            Self::Decoder => "decoder",
-        }
+    /// The part's name on the command line (and in trainer_state.json).
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .expect("every part has a name")
+            .get_name()
+            .to_string()
     }
 }
 

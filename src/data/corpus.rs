@@ -197,17 +197,26 @@ pub fn read_parallel(src: &Path, tgt: &Path) -> Result<(Corpus, Corpus)> {
     Ok((s, t))
 }
 
+/// The error for two files that should align line by line but have `a.1` and `b.1` lines.
+pub fn misaligned(a: (&Path, usize), b: (&Path, usize), why: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} has {} lines but {} has {} lines: {why}",
+        a.0.display(),
+        a.1,
+        b.0.display(),
+        b.1
+    )
+}
+
 impl Corpus {
     /// Fails, naming both files and their line counts, unless `other` has as many lines.
     pub fn check_aligned(&self, other: &Corpus, why: &str) -> Result<()> {
         if self.lines.len() != other.lines.len() {
-            bail!(
-                "{} has {} lines but {} has {} lines: {why}",
-                self.path.display(),
-                self.lines.len(),
-                other.path.display(),
-                other.lines.len()
-            );
+            return Err(misaligned(
+                (&self.path, self.lines.len()),
+                (&other.path, other.lines.len()),
+                why,
+            ));
         }
         Ok(())
     }

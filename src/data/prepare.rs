@@ -4,14 +4,14 @@
 //! appended. The store is written under a temporary name and renamed into place only when
 //! complete, so a crash or a full disk never leaves a half-written store where one is expected.
 
-use crate::data::corpus::LineReader;
+use crate::data::corpus::{misaligned, LineReader};
 use crate::data::store::{
     self, fingerprint, FileSums, Filtered, Filters, Manifest, SourceFile, Store, TokenizerInfo,
     CHUNK_BYTES, DATA_FILES, MANIFEST,
 };
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::progress::Progress;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rayon::prelude::*;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -117,15 +117,16 @@ fn read_in_chunks(mut src: LineReader, mut tgt: LineReader) -> Receiver<Result<L
                                 (&mut tgt, &src)
                             };
                             while long.next_line()?.is_some() {}
-                            bail!(
-                                "{} has {} lines but {} has {} lines: parallel files must align line by line ({} ends after line {})",
-                                src.path().display(),
-                                src.line_no(),
-                                tgt.path().display(),
-                                tgt.line_no(),
+                            let why = format!(
+                                "parallel files must align line by line ({} ends after line {})",
                                 short.path().display(),
                                 short.line_no()
                             );
+                            return Err(misaligned(
+                                (src.path(), src.line_no()),
+                                (tgt.path(), tgt.line_no()),
+                                &why,
+                            ));
                         }
                     }
                 }

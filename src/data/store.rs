@@ -336,11 +336,10 @@ impl Store {
         let (s, t) = self.lengths(i);
         let w = self.manifest.id_bytes as usize;
         let bytes = &self.tokens[at * w..(at + s + t) * w];
-        let ids = bytes.chunks_exact(w).map(|c| match c {
+        let mut ids = bytes.chunks_exact(w).map(|c| match c {
             [a, b] => u16::from_le_bytes([*a, *b]) as u32,
             _ => u32::from_le_bytes(c.try_into().unwrap()),
         });
-        let mut ids = ids;
         src.extend(ids.by_ref().take(s));
         tgt.extend(ids);
     }

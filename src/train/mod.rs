@@ -323,11 +323,20 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         (None, false) => Weights::init(cfg.seed, &job.device, job.dtype),
     };
     let model = Seq2Seq::new(&model_config, &weights)?;
-    // Frozen parts stay out of the optimizer: never updated, bit for bit.
-    let frozen: Vec<String> = match &resume_state {
-        Some(s) if job.freeze.is_empty() => s.frozen.clone(),
-        _ => job.freeze.iter().map(|p| p.name().to_string()).collect(),
+    // Frozen parts stay out of the optimizer: never updated, bit for bit. A resumed run keeps
+    // the parts it froze.
+    let parts: Vec<FreezePart> = match &resume_state {
+        Some(s) if job.freeze.is_empty() => s
+            .frozen
+            .iter()
+            .map(|n| {
+                <FreezePart as clap::ValueEnum>::from_str(n, false)
+                    .map_err(|e| anyhow!("{}: frozen part {n:?}: {e}", last.display()))
+            })
+            .collect::<Result<_>>()?,
+        _ => job.freeze.clone(),
     };
+    let frozen: Vec<String> = parts.iter().map(|p| p.name()).collect();
     if let Some(s) = resume_state.as_ref().filter(|s| s.frozen != frozen) {
         bail!(
             "--freeze {:?} differs from the run's {:?}: a resumed run keeps what it froze",
@@ -335,18 +344,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
             s.frozen
         );
     }
-    let is_frozen = |name: &str| {
-        job.freeze.iter().any(|p| p.holds(name))
-            || frozen.iter().any(|f| {
-                [
-                    FreezePart::Embeddings,
-                    FreezePart::Encoder,
-                    FreezePart::Decoder,
-                ]
-                .iter()
-                .any(|p| p.name() == f && p.holds(name))
-            })
-    };
+    let is_frozen = |name: &str| parts.iter().any(|p| p.holds(name));
     let trained: Vec<_> = weights
         .vars()
         .into_iter()
