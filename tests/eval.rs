@@ -278,6 +278,8 @@ fn eval_reads_stdin_and_writes_json() {
         assert!(!v[0][key].is_null(), "{key} missing: {out}");
     }
     assert_eq!(v[1]["name"], "chrF2");
+    // Each report names its score once (a repeated key is invalid for many JSON readers).
+    assert_eq!(out.matches("\"score\"").count(), 2, "{out}");
     let sent = nmt_ok(
         &["eval", "--ref", s(&r), "--sentence"],
         b"the cat sat on the mat\nno match\n",

@@ -73,7 +73,8 @@ impl Default for Bleu {
 /// A BLEU score with everything sacreBLEU reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct BleuScore {
-    /// BLEU, 0..100.
+    /// BLEU, 0..100 (serialized once, as the report's `score`, which it is flattened into).
+    #[serde(skip)]
     pub score: f64,
     /// Matching n-grams per order (after add-k smoothing, as sacreBLEU reports them).
     pub counts: Vec<f64>,
