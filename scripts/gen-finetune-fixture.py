@@ -7,12 +7,19 @@ dropout, no label smoothing). `nmt train --init FIXTURE --dropout 0 --label-smoo
 log the same first loss: proof that weights, tokenization and label layout carried over.
 
     python3 scripts/gen-finetune-fixture.py      # writes tests/fixtures/{nmt-toy,opus-tiny}/finetune.json
+    python3 scripts/gen-finetune-fixture.py --finetuned NMT_BINARY
+        # fine-tunes tests/fixtures/opus-tiny with `nmt train --init` (FINETUNE_FLAGS), keeps the
+        # checkpoint's weights and config in tests/fixtures/opus-tiny-finetuned, loads it with
+        # MarianTokenizer and MarianMTModel.from_pretrained, converts it with
+        # ct2-transformers-converter, and records both peers' greedy and beam-4 translations
+        # there in finetuned.json
     python3 scripts/gen-finetune-fixture.py --decode DIR FILE [--beam N]
         # loads a checkpoint nmt fine-tuned (MarianTokenizer or tokenizer.json, and
         # MarianMTModel.from_pretrained) and prints its translations of FILE, one per line, to
         # compare with `nmt translate --model DIR --beam N --max-len-a 0 --max-len-b 64`
 
-Needs torch, transformers and sentencepiece (pip install torch transformers sentencepiece).
+Needs torch, transformers and sentencepiece (pip install torch transformers sentencepiece), and
+ctranslate2 for --finetuned.
 """
 import json, os
 
@@ -43,15 +50,71 @@ def tokenizer_of(path):
     return tok, enc
 
 
-def decode(path, sources, beam):
+def generate(path, lines, beam):
     model = MarianMTModel.from_pretrained(path).eval()
     tok, _ = tokenizer_of(path)
-    lines = [l.rstrip("\n") for l in open(sources, encoding="utf-8")]
     batch = tok(lines, return_tensors="pt", padding=True)
     with torch.no_grad():
         out = model.generate(**batch, num_beams=beam, max_new_tokens=64, do_sample=False)
-    for text in tok.batch_decode(out, skip_special_tokens=True):
+    return tok.batch_decode(out, skip_special_tokens=True)
+
+
+def decode(path, sources, beam):
+    lines = [l.rstrip("\n") for l in open(sources, encoding="utf-8")]
+    for text in generate(path, lines, beam):
         print(text)
+
+
+# The fine-tuning of tests/finetune.rs's parity check: long enough for the tiny model to end
+# its outputs with </s>.
+FINETUNE_FLAGS = ["--max-steps", "300", "--max-tokens", "256", "--lr", "0.003", "--warmup", "10",
+                  "--label-smoothing", "0", "--dropout", "0"]
+
+
+def finetuned(nmt):
+    """The OPUS-MT fixture fine-tuned by nmt (weights and config kept in
+    tests/fixtures/opus-tiny-finetuned, the SentencePiece files being opus-tiny's), decoded by
+    transformers and by CTranslate2."""
+    import shutil, subprocess, sys, tempfile
+    import ctranslate2
+    pairs = PAIRS["opus-tiny"]
+    opus = os.path.join(FIX, "opus-tiny")
+    out_dir = os.path.join(FIX, "opus-tiny-finetuned")
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        src, tgt = os.path.join(work, "t.de"), os.path.join(work, "t.en")
+        for path, side in ((src, 0), (tgt, 1)):
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(pairs[i % len(pairs)][side] + "\n" for i in range(60))
+        run = os.path.join(work, "run")
+        subprocess.run([nmt, "train", "--init", opus, "--src", src, "--tgt", tgt,
+                        "--valid-src", src, "--valid-tgt", tgt, "--out", run] + FINETUNE_FLAGS,
+                       check=True, stderr=subprocess.DEVNULL)
+        last = os.path.join(run, "last")
+        for f in ("model.safetensors", "config.json"):
+            shutil.copy(os.path.join(last, f), os.path.join(out_dir, f))
+        lines = [p[0] for p in pairs]
+        out = {"transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__,
+               "loaded_with": "MarianTokenizer, MarianMTModel.from_pretrained, ct2-transformers-converter",
+               "finetune_flags": FINETUNE_FLAGS, "sources": lines}
+        ct2 = os.path.join(work, "ct2")
+        converter = os.path.join(os.path.dirname(sys.executable), "ct2-transformers-converter")
+        subprocess.run([converter, "--model", last, "--output_dir", ct2],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tok = MarianTokenizer.from_pretrained(last)
+        translator = ctranslate2.Translator(ct2, device="cpu")
+        for beam in (1, 4):
+            out[f"beam{beam}"] = generate(last, lines, beam)
+            print(f"transformers, beam {beam}: {out[f'beam{beam}']}")
+        # CTranslate2 loads the converted checkpoint; its greedy search is compared (its beam
+        # search normalises lengths its own way).
+        tokens = [tok.convert_ids_to_tokens(tok.encode(l)) for l in lines]
+        results = translator.translate_batch(tokens, beam_size=1, max_decoding_length=64)
+        out["ct2_beam1"] = [tok.decode(tok.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True)
+                            for r in results]
+        print(f"ctranslate2, greedy: {out['ct2_beam1']}")
+    with open(os.path.join(out_dir, "finetuned.json"), "w") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
 
 
 def main():
@@ -80,7 +143,9 @@ def main():
 
 if __name__ == "__main__":
     import sys
-    if len(sys.argv) > 1 and sys.argv[1] == "--decode":
+    if len(sys.argv) > 1 and sys.argv[1] == "--finetuned":
+        finetuned(sys.argv[2])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--decode":
         beam = int(sys.argv[sys.argv.index("--beam") + 1]) if "--beam" in sys.argv else 1
         decode(sys.argv[2], sys.argv[3], beam)
     else:

@@ -252,6 +252,118 @@ fn an_opus_mt_model_fine_tunes_with_its_own_sentencepiece_files() {
     assert_eq!(before, step0);
 }
 
+/// An OPUS-MT checkpoint fine-tuned by nmt (tests/fixtures/opus-tiny-finetuned: its weights
+/// and config, the SentencePiece files being opus-tiny's, recorded by
+/// `scripts/gen-finetune-fixture.py --finetuned`) is loaded by transformers (MarianTokenizer,
+/// MarianMTModel.from_pretrained) and decoded exactly as nmt decodes it, greedy and beam 4;
+/// CTranslate2 converts it and decodes it greedily as nmt does. The same fine-tuning run here
+/// writes those weights again (bit for bit on the recording machine, to rounding elsewhere)
+/// and the SentencePiece files unchanged.
+#[test]
+fn an_opus_mt_checkpoint_fine_tuned_by_nmt_decodes_as_transformers_decodes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let opus = common::fixture("opus-tiny");
+    let fixture = common::fixture("opus-tiny-finetuned");
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("finetuned.json")).unwrap())
+            .unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in [
+        "source.spm",
+        "target.spm",
+        "vocab.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(opus.join(f), model.join(f)).unwrap();
+    }
+    for f in ["model.safetensors", "config.json"] {
+        std::fs::copy(fixture.join(f), model.join(f)).unwrap();
+    }
+    let sources: Vec<String> = serde_json::from_value(recorded["sources"].clone()).unwrap();
+    let input = format!("{}\n", sources.join("\n"));
+    for beam in ["1", "4"] {
+        let got = nmt_ok(
+            &[
+                "translate",
+                "--model",
+                s(&model),
+                "--beam",
+                beam,
+                "--max-len-a",
+                "0",
+                "--max-len-b",
+                "64",
+            ],
+            input.as_bytes(),
+        );
+        let got = serde_json::json!(got.lines().collect::<Vec<_>>());
+        assert_eq!(
+            got,
+            recorded[format!("beam{beam}")],
+            "transformers, beam {beam}"
+        );
+        if beam == "1" {
+            assert_eq!(got, recorded["ct2_beam1"], "CTranslate2, greedy");
+        }
+    }
+
+    // The recorded fine-tuning, again.
+    let (src, tgt) = (dir.path().join("t.de"), dir.path().join("t.en"));
+    let first_batch: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(opus.join("finetune.json")).unwrap())
+            .unwrap();
+    let pairs: Vec<(String, String)> =
+        serde_json::from_value(first_batch["pairs"].clone()).unwrap();
+    let side = |k: usize| -> String {
+        (0..60)
+            .map(|i| {
+                let p = &pairs[i % pairs.len()];
+                format!("{}\n", if k == 0 { &p.0 } else { &p.1 })
+            })
+            .collect()
+    };
+    std::fs::write(&src, side(0)).unwrap();
+    std::fs::write(&tgt, side(1)).unwrap();
+    let run = dir.path().join("run");
+    let flags: Vec<String> = serde_json::from_value(recorded["finetune_flags"].clone()).unwrap();
+    let mut args = vec![
+        "train",
+        "--init",
+        s(&opus),
+        "--src",
+        s(&src),
+        "--tgt",
+        s(&tgt),
+        "--valid-src",
+        s(&src),
+        "--valid-tgt",
+        s(&tgt),
+        "--out",
+        s(&run),
+    ];
+    args.extend(flags.iter().map(String::as_str));
+    nmt_ok(&args, b"");
+    let (ours, theirs) = (tensors(&run.join("last")), tensors(&fixture));
+    assert_eq!(ours.len(), theirs.len());
+    for (name, t) in &theirs {
+        let rel = common::max_rel_diff(&ours[name], t);
+        assert!(rel < 1e-2, "{name}: relative difference {rel}");
+    }
+    for f in [
+        "source.spm",
+        "target.spm",
+        "vocab.json",
+        "tokenizer_config.json",
+    ] {
+        assert_eq!(
+            std::fs::read(run.join("last").join(f)).unwrap(),
+            std::fs::read(opus.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+}
+
 /// The first loss of `--init` equals what transformers computes for the same batch
 /// (tests/fixtures/*/finetune.json, from scripts/gen-finetune-fixture.py), and the prepared
 /// ids equal transformers' tokenizers' (MarianTokenizer with text_target for OPUS-MT): the
