@@ -1,5 +1,6 @@
 //! The command line: one clap struct per subcommand, every flag documented here and only here.
 
+use crate::align::AlignMode;
 use crate::data::tokenizer::SubwordModel;
 use crate::eval::bleu::Smooth;
 use crate::eval::tokenizers::MetricTokenizer;
@@ -415,4 +416,21 @@ pub struct TranslateArgs {
     /// One JSON object per line: source, translation, score, tokens.
     #[arg(long)]
     pub json: bool,
+    /// Word alignments (Marian's format, ` ||| s-t …` after each translation; a field of
+    /// --json): hard (each target word's most attended source word), soft (each target word's
+    /// weights over the source words) or a threshold in (0, 1] (every pair at least that).
+    #[arg(long, value_name = "hard|soft|P", value_parser = clap::value_parser!(AlignMode))]
+    pub alignment: Option<AlignMode>,
+    /// Decoder layer alignments are read from (0-based), or avg for the mean of all layers;
+    /// default: the penultimate layer.
+    #[arg(long, value_name = "N|avg")]
+    pub alignment_layer: Option<String>,
+    /// Attention head alignments are read from (0-based), or avg (the default) for the mean
+    /// of the heads.
+    #[arg(long, value_name = "N|avg")]
+    pub alignment_head: Option<String>,
+    /// Draw each line's attention (best hypothesis, words on both axes) into
+    /// DIR/line-NNNNNN.png; the layer and head as for --alignment.
+    #[arg(long, value_name = "DIR")]
+    pub attention_png: Option<PathBuf>,
 }

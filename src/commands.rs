@@ -2,7 +2,7 @@
 //! library modules; no algorithm lives here.
 
 use crate::cli::{
-    AverageArgs, DeviceArg, DtypeArg, EncodeArgs, EvalArgs, MetricName, PrepareArgs,
+    AverageArgs, DeviceArg, DtypeArg, EncodeArgs, EvalArgs, MetricName, PrepareArgs, ServeArgs,
     TokenizeCommand, TokenizeTrainArgs, TrainArgs, TranslateArgs,
 };
 use crate::data::corpus::{read_corpus, Corpus, LineReader};
@@ -165,7 +165,7 @@ fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
             i * 640 + 1,
             &opts,
         )? {
-            lines.push(py_rstrip(&t.hypotheses[0].0).to_string());
+            lines.push(py_rstrip(t.text()).to_string());
         }
     }
     let empty = lines.iter().filter(|l| l.is_empty()).count();
@@ -509,9 +509,20 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
     if args.nbest.is_some_and(|k| k == 0 || k > args.beam) {
         bail!("--nbest must be between 1 and --beam ({})", args.beam);
     }
+    let aligning = args.alignment.is_some() || args.attention_png.is_some();
+    if !aligning && (args.alignment_layer.is_some() || args.alignment_head.is_some()) {
+        bail!("--alignment-layer and --alignment-head need --alignment or --attention-png");
+    }
     let (device, dtype) = select_device(args.device, args.dtype)?;
     let dir = crate::checkpoint::resolve(&args.model)?;
     let model = crate::checkpoint::load(&dir, &device, dtype)?;
+    let alignment = aligning
+        .then(|| attention_source(&args, &model.model.config))
+        .transpose()?;
+    if let Some(png) = &args.attention_png {
+        std::fs::create_dir_all(png)
+            .with_context(|| format!("--attention-png {}: cannot create", png.display()))?;
+    }
     let opts = crate::translate::SearchOptions {
         beam: args.beam,
         length_penalty: args.length_penalty,
@@ -521,11 +532,14 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         max_len_b: args.max_len_b,
         batch_size: args.batch_size,
         scores: args.scores || args.json || args.nbest.is_some(),
+        alignment,
     };
     let format = crate::translate::OutputFormat {
         nbest: args.nbest.is_some(),
         scores: args.scores,
         json: args.json,
+        alignment: args.alignment,
+        attention_png: args.attention_png.clone(),
     };
     let mut out = BufWriter::new(std::io::stdout().lock());
     crate::translate::stream(
@@ -534,6 +548,47 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         &mut out,
         args.batch_size.saturating_mul(args.maxi_batch),
         &opts,
-        format,
+        &format,
     )
+}
+
+/// The attention `--alignment-layer` and `--alignment-head` name, checked against the model.
+fn attention_source(
+    args: &TranslateArgs,
+    config: &crate::model::config::ModelConfig,
+) -> Result<crate::align::AttentionSource> {
+    let pick = |flag: &str,
+                value: &Option<String>,
+                count: usize,
+                what: &str|
+     -> Result<Option<Option<usize>>> {
+        let Some(v) = value else { return Ok(None) };
+        if v == "avg" {
+            return Ok(Some(None));
+        }
+        match v.parse::<usize>() {
+            Ok(n) if n < count => Ok(Some(Some(n))),
+            _ => bail!(
+                "{flag} {v}: expected avg or a number below {count} (the model has {count} {what})"
+            ),
+        }
+    };
+    let mut source = crate::align::AttentionSource::default_for(config.decoder_layers);
+    if let Some(layer) = pick(
+        "--alignment-layer",
+        &args.alignment_layer,
+        config.decoder_layers,
+        "decoder layers",
+    )? {
+        source.layer = layer;
+    }
+    if let Some(head) = pick(
+        "--alignment-head",
+        &args.alignment_head,
+        config.decoder_attention_heads,
+        "heads",
+    )? {
+        source.head = head;
+    }
+    Ok(source)
 }

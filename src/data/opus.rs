@@ -109,6 +109,11 @@ impl OpusVocab {
         self.encoder.get(piece).copied()
     }
 
+    /// The piece of an id, if the vocabulary has one.
+    pub fn id_to_piece(&self, id: u32) -> Option<&str> {
+        self.decoder.get(id as usize).map(String::as_str)
+    }
+
     /// Pieces of a source line: special tokens written in the text are kept whole, a leading
     /// `>>xx<<` language code is one piece, the rest is segmented by `source.spm`.
     pub fn encode_pieces(&self, text: &str) -> Result<Vec<String>> {

@@ -500,6 +500,15 @@ impl SubwordTokenizer {
         }
     }
 
+    /// Whether the piece of `id` starts a word (begins with `▁`).
+    pub fn starts_word(&self, id: u32) -> bool {
+        let starts = |p: &str| p.starts_with('\u{2581}');
+        match &self.backend {
+            Backend::Hf(inner) => inner.id_to_token(id).is_some_and(|p| starts(&p)),
+            Backend::Opus(vocab) => vocab.id_to_piece(id).is_some_and(starts),
+        }
+    }
+
     /// The id of a piece, if it is in the vocabulary.
     pub fn piece_to_id(&self, piece: &str) -> Option<u32> {
         match &self.backend {

@@ -165,6 +165,15 @@ impl Attention {
         self.attend(x, &k, &v, Some(bias), p_attn, drop)
     }
 
+    /// Attention probabilities softmax(QKᵀ/√d_k) of queries `x` (B, T, d) over `memory`
+    /// (B, S, d) with `bias` (B|1, 1, T|1, S), before any dropout: (B, H, T, S). What word
+    /// alignments are read from, and what guided alignment trains.
+    pub fn probabilities(&self, x: &Tensor, memory: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let q = self.queries(x)?;
+        let k = self.split_heads(&self.k_proj.forward(memory)?)?;
+        Ok(ops::masked_softmax(&q.matmul(&k.t()?)?, Some(bias))?)
+    }
+
     /// Single-query self-attention of decoding step t, for scaled queries `q` (B, H, 1, d_k),
     /// over the keys/values of steps 0..=t, one (B_j, H, 1, d_k) pair per step: row b reads
     /// row `history[b][j]` of step j.

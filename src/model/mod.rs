@@ -464,9 +464,26 @@ impl Seq2Seq {
         src_bias: &Tensor,
         drop: &Dropout,
     ) -> Result<Tensor> {
+        Ok(self
+            .decode_attending(tgt_in, tgt_bias, memory, src_bias, drop, None)?
+            .0)
+    }
+
+    /// [`Seq2Seq::decode`], also returning the cross-attention probabilities (B, H, T, S) of
+    /// decoder layer `layer` (0-based) when one is named.
+    pub fn decode_attending(
+        &self,
+        tgt_in: &Tensor,
+        tgt_bias: &Tensor,
+        memory: &Tensor,
+        src_bias: &Tensor,
+        drop: &Dropout,
+        layer: Option<usize>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let c = &self.config;
         let mut h = self.embed(tgt_in, 0, drop)?;
-        for l in &self.decoder_layers {
+        let mut attention = None;
+        for (i, l) in self.decoder_layers.iter().enumerate() {
             h = residual(
                 &h,
                 &l.self_attn_layer_norm,
@@ -485,6 +502,9 @@ impl Seq2Seq {
                 c.dropout,
                 drop,
                 |x| {
+                    if layer == Some(i) {
+                        attention = Some(l.encoder_attn.probabilities(x, memory, src_bias)?);
+                    }
                     l.encoder_attn
                         .cross_attend(x, memory, src_bias, c.attention_dropout, drop)
                 },
@@ -498,10 +518,11 @@ impl Seq2Seq {
                 |x| l.ffn.forward(x, c.activation_dropout, drop),
             )?;
         }
-        match &self.decoder_norm {
-            Some(ln) => ln.forward(&h),
-            None => Ok(h),
-        }
+        let h = match &self.decoder_norm {
+            Some(ln) => ln.forward(&h)?,
+            None => h,
+        };
+        Ok((h, attention))
     }
 
     /// Output logits for hidden states (N, d) → (N, V): tied projection plus final_logits_bias.
@@ -519,20 +540,43 @@ impl Seq2Seq {
         let drop = Dropout::off();
         let src_bias = self.padding_bias(src)?;
         let memory = self.encode(src, &src_bias, &drop)?;
+        let tgt_bias = self.target_bias(tgt_in)?;
+        let h = self.decode(tgt_in, &tgt_bias, &memory, &src_bias, &drop)?;
+        let (b, t, d) = h.dims3()?;
+        Ok(self.logits(&h.reshape((b * t, d))?)?.reshape((b, t, ()))?)
+    }
+
+    /// The cross-attention probabilities (B, H, T, S) of decoder layer `layer` for sources
+    /// (B, S) and teacher-forced target inputs (B, T): what the decoder attended to while
+    /// predicting each target token, as during search.
+    pub fn cross_attention(&self, src: &Tensor, tgt_in: &Tensor, layer: usize) -> Result<Tensor> {
+        let drop = Dropout::off();
+        let src_bias = self.padding_bias(src)?;
+        let memory = self.encode(src, &src_bias, &drop)?;
+        let tgt_bias = self.target_bias(tgt_in)?;
+        let (_, attention) =
+            self.decode_attending(tgt_in, &tgt_bias, &memory, &src_bias, &drop, Some(layer))?;
+        attention.ok_or_else(|| {
+            anyhow::anyhow!(
+                "decoder layer {layer} does not exist: the model has {}",
+                self.decoder_layers.len()
+            )
+        })
+    }
+
+    /// Causal and length mask (B, 1, T, T) of right-padded target inputs (B, T), whose
+    /// length is one past the last non-pad id (the start token is the pad id itself).
+    fn target_bias(&self, tgt_in: &Tensor) -> Result<Tensor> {
         let t = tgt_in.dim(1)?;
-        // Right-padded targets: the length is one past the last non-pad id.
         let pad = self.config.pad_token_id;
         let lengths: Vec<usize> = tgt_in
             .to_vec2::<u32>()?
             .iter()
             .map(|row| row.iter().rposition(|&id| id != pad).map_or(1, |i| i + 1))
             .collect();
-        let tgt_bias = self
+        Ok(self
             .causal_bias(t)?
-            .broadcast_add(&self.length_bias(&lengths, t)?)?;
-        let h = self.decode(tgt_in, &tgt_bias, &memory, &src_bias, &drop)?;
-        let (b, t, d) = h.dims3()?;
-        Ok(self.logits(&h.reshape((b * t, d))?)?.reshape((b, t, ()))?)
+            .broadcast_add(&self.length_bias(&lengths, t)?)?)
     }
 
     /// Starts incremental decoding of `beams` hypotheses per source sentence, batch rows

@@ -211,13 +211,7 @@ impl Trainer<'_> {
             &SearchOptions::default(),
         )?
         .into_iter()
-        .map(|t| {
-            t.hypotheses
-                .into_iter()
-                .next()
-                .map(|h| h.0)
-                .unwrap_or_default()
-        })
+        .map(|t| t.text().to_string())
         .collect();
         let metric = Metric::Bleu(Bleu::default());
         let stats = metric.corpus_stats(&hyps, &valid.refs);

@@ -1,11 +1,12 @@
 //! translate's input path: arbitrary bytes on "stdin" through line reading, tokenizing (our
 //! tokenizer.json and an OPUS-MT SentencePiece vocabulary), greedy and beam search and output
-//! formatting, with the toy fixture models. Every run either writes one line per input line or
+//! formatting (word alignments too), with the toy fixture models. Every run either writes one line per input line or
 //! stops with an error naming the input line; nothing panics.
 #![no_main]
 use candle_core::{DType, Device};
 use libfuzzer_sys::fuzz_target;
 use nmt::data::corpus::LineReader;
+use nmt::align::{AlignMode, AttentionSource};
 use nmt::checkpoint::LoadedModel;
 use nmt::translate::{stream, OutputFormat, SearchOptions};
 use std::io::Cursor;
@@ -35,17 +36,24 @@ fuzz_target!(|data: &[u8]| {
         max_len_b: 5,
         batch_size: 1 + usize::from(knobs >> 6) % 4,
         scores: knobs & 48 != 0,
+        // Alignments with beams of 2 and 4.
+        alignment: (knobs & 2 != 0).then_some(AttentionSource {
+            layer: Some(0),
+            head: None,
+        }),
     };
     let format = OutputFormat {
         nbest: false,
         scores: knobs & 16 != 0,
         json: knobs & 32 != 0,
+        alignment: (knobs & 2 != 0).then_some(AlignMode::Hard),
+        attention_png: None,
     };
     let reader =
         LineReader::from_reader(Path::new("<stdin>"), Box::new(Cursor::new(input.to_vec())));
     let mut out = Vec::new();
     let batch = 1 + usize::from(knobs >> 6);
-    match stream(model, reader, &mut out, batch, &opts, format) {
+    match stream(model, reader, &mut out, batch, &opts, &format) {
         Ok(()) => {
             let lines = input.split(|&b| b == b'\n').count()
                 - usize::from(input.last() == Some(&b'\n') || input.is_empty());

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Word alignments of nmt against eflomal, on Multi30k de→en: each model translates
+# test_2016_flickr with `--alignment hard`; eflomal (trained on the training corpus plus the
+# test sources and that model's translations, grow-diag-final-and) aligns the same pairs;
+# prints precision, recall, F1 and AER of nmt's links against eflomal's, and BLEU (beam 5).
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg]
+# MODEL: de→en models as `nmt translate --model` takes them (e.g. one trained without and one
+# with guided alignment). eflomal installs from PyPI (pip install eflomal).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+py=${PEERS_PYTHON:-/tmp/peers/bin/python}
+models=() data="" flags=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data) data=$2; shift 2 ;;
+    --layer) flags+=(--alignment-layer "$2"); shift 2 ;;
+    --head) flags+=(--alignment-head "$2"); shift 2 ;;
+    --*) echo "unknown option $1" >&2; exit 2 ;;
+    *) models+=("$1"); shift ;;
+  esac
+done
+[ ${#models[@]} -gt 0 ] || { echo "usage: $0 MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg]" >&2; exit 2; }
+data=$("$root/scripts/find-multi30k.sh" "$data")
+cd "$root"; cargo build --release --quiet
+nmt=$root/target/release/nmt
+"$root/scripts/cpu-info.sh"
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+zcat -f "$data/test_2016_flickr.de.gz" > "$work/test.de"
+for m in "${models[@]}"; do
+  $nmt translate --model "$m" --alignment hard "${flags[@]}" < "$work/test.de" > "$work/aligned.txt"
+  sed 's/ ||| .*//' "$work/aligned.txt" > "$work/hyp.en"
+  $nmt translate --model "$m" --beam 5 < "$work/test.de" > "$work/beam5.en"
+  bleu=$($nmt eval --ref "$data/test_2016_flickr.en.gz" --hyp "$work/beam5.en" --metrics bleu --json | "$py" -c "import json,sys; print(round(json.load(sys.stdin)[0]['score'], 2))")
+  score=$("$py" "$root/scripts/align-score.py" "$data/train.de.gz" "$data/train.en.gz" "$work/test.de" "$work/aligned.txt")
+  echo "$m: BLEU (beam 5) $bleu; against eflomal: $score"
+done
