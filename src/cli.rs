@@ -35,6 +35,8 @@ pub enum Command {
     Average(AverageArgs),
     /// Score translations with BLEU and chrF, identical to sacreBLEU 2.6.
     Eval(EvalArgs),
+    /// Serve models over HTTP with LibreTranslate's API, batching sentences across requests.
+    Serve(ServeArgs),
 }
 
 /// `nmt tokenize ...`
@@ -433,4 +435,74 @@ pub struct TranslateArgs {
     /// DIR/line-NNNNNN.png; the layer and head as for --alignment.
     #[arg(long, value_name = "DIR")]
     pub attention_png: Option<PathBuf>,
+}
+
+/// `nmt serve`
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A language pair and its model, `SRC-TGT=MODEL` (MODEL as `translate --model` takes
+    /// it); repeat for more pairs.
+    #[arg(long = "model", value_name = "SRC-TGT=MODEL", required = true)]
+    pub models: Vec<String>,
+    /// Address to listen on; 0.0.0.0 opens the server to the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the log says which).
+    #[arg(long, default_value_t = 5000)]
+    pub port: u16,
+    /// Require this key in each translation request's `api_key` field.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Beam size; 1 is greedy search. A request asking for k alternatives is searched with a
+    /// beam of at least k + 1.
+    #[arg(long, default_value_t = 1)]
+    pub beam: usize,
+    /// Length penalty α: hypotheses are ranked by sum log-prob / length^α.
+    #[arg(long, default_value_t = SearchOptions::default().length_penalty)]
+    pub length_penalty: f64,
+    /// Output length limit a·source_length + b (tokens): a.
+    #[arg(long, default_value_t = SearchOptions::default().max_len_a)]
+    pub max_len_a: f64,
+    /// Output length limit a·source_length + b (tokens): b.
+    #[arg(long, default_value_t = SearchOptions::default().max_len_b)]
+    pub max_len_b: usize,
+    /// Sentences decoded together, after sorting the pending sentences by length.
+    #[arg(long, default_value_t = SearchOptions::default().batch_size)]
+    pub batch_size: usize,
+    /// Source tokens gathered from pending requests before decoding starts.
+    #[arg(long, default_value_t = 2048, value_name = "TOKENS")]
+    pub batch_tokens: usize,
+    /// Milliseconds to wait for more requests after the first one reaches an idle model, while
+    /// requests come together (a lone client is answered without waiting).
+    #[arg(long, default_value_t = 5, value_name = "MS")]
+    pub batch_wait: u64,
+    /// Batches of a model decoded at once under load, each on its share of the cores
+    /// (default: one per core, up to 4); 1 decodes one batch at a time on all cores.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// Largest request body in bytes (413 above).
+    #[arg(long, default_value_t = 1 << 20, value_name = "BYTES")]
+    pub max_body: usize,
+    /// Most sentences (lines of all `q` texts) in one request.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    pub max_sentences: usize,
+    /// Most characters in one `q` text.
+    #[arg(long, default_value_t = 5000, value_name = "N")]
+    pub max_chars: usize,
+    /// Most alternatives a request may ask for.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub max_alternatives: usize,
+    /// Translation requests in progress at once; more are answered 429.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_requests: usize,
+    /// Seconds a client may take to send a request's headers, and again its body (408 or a
+    /// closed connection after).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub read_timeout: u64,
+    /// Device.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Weight dtype on CUDA.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
 }

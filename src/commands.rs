@@ -592,3 +592,78 @@ fn attention_source(
     }
     Ok(source)
 }
+
+/// `nmt serve`
+pub fn serve(args: ServeArgs) -> Result<()> {
+    if args.beam == 0 || args.batch_size == 0 || args.batch_tokens == 0 {
+        bail!("--beam, --batch-size and --batch-tokens must be at least 1");
+    }
+    if args.max_body == 0
+        || args.max_sentences == 0
+        || args.max_chars == 0
+        || args.max_requests == 0
+    {
+        bail!("--max-body, --max-sentences, --max-chars and --max-requests must be at least 1");
+    }
+    if args.read_timeout == 0 {
+        bail!("--read-timeout must be at least 1 second");
+    }
+    if args.workers == Some(0) {
+        bail!("--workers must be at least 1");
+    }
+    let (device, dtype) = select_device(args.device, args.dtype)?;
+    let mut models = Vec::new();
+    for spec in &args.models {
+        let parsed = spec
+            .split_once('=')
+            .and_then(|(pair, model)| Some((pair.split_once('-')?, model)))
+            .filter(|((s, t), m)| !s.is_empty() && !t.is_empty() && !m.is_empty());
+        let Some(((source, target), model)) = parsed else {
+            bail!("--model {spec}: expected SRC-TGT=MODEL, e.g. de-en=runs/de-en");
+        };
+        let pair = (source.to_string(), target.to_string());
+        if models.iter().any(|(p, _)| *p == pair) {
+            bail!("--model {spec}: {source}-{target} is given twice");
+        }
+        let dir = crate::checkpoint::resolve(model).with_context(|| format!("--model {spec}"))?;
+        let loaded = crate::checkpoint::load(&dir, &device, dtype)
+            .with_context(|| format!("--model {spec}"))?;
+        eprintln!("{source}-{target}: {}", dir.display());
+        models.push((pair, loaded));
+    }
+    let search = crate::translate::SearchOptions {
+        beam: args.beam,
+        length_penalty: args.length_penalty,
+        max_len_a: args.max_len_a,
+        max_len_b: args.max_len_b,
+        batch_size: args.batch_size,
+        ..Default::default()
+    };
+    let limits = crate::serve::api::Limits {
+        body_bytes: args.max_body,
+        sentences: args.max_sentences,
+        chars: args.max_chars,
+        alternatives: args.max_alternatives,
+        requests: args.max_requests,
+        read_timeout: std::time::Duration::from_secs(args.read_timeout),
+    };
+    crate::serve::run(
+        models,
+        crate::serve::ServeOptions {
+            addr: (args.host, args.port),
+            api: crate::serve::ApiSettings {
+                search,
+                limits,
+                api_key: args.api_key,
+            },
+            policy: crate::serve::batcher::BatchPolicy {
+                tokens: args.batch_tokens,
+                wait: std::time::Duration::from_millis(args.batch_wait),
+                // (Asked on a worker, so that the pool is built with nmt's settings.)
+                workers: args.workers.unwrap_or_else(|| {
+                    crate::runtime::on_worker(rayon::current_num_threads).min(4)
+                }),
+            },
+        },
+    )
+}

@@ -15,5 +15,6 @@ pub mod plot;
 pub mod progress;
 pub mod rng;
 pub mod runtime;
+pub mod serve;
 pub mod train;
 pub mod translate;

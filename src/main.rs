@@ -9,19 +9,29 @@ fn main() {
     keep_freed_memory();
     one_candle_pool_thread();
     let cli = Cli::parse();
-    let result = on_worker(move || match cli.command {
-        Command::Tokenize(cmd) => commands::tokenize(cmd).map(|()| 0),
-        Command::Prepare(args) => commands::prepare(args).map(|()| 0),
-        Command::Train(args) => commands::train(*args),
-        Command::Translate(args) => commands::translate(args).map(|()| 0),
-        Command::Average(args) => commands::average(args).map(|()| 0),
-        Command::Eval(args) => commands::eval(args).map(|()| 0),
-    });
+    let result = match cli.command {
+        // The server's thread waits on its connections for its whole life, so it must not be
+        // one of rayon's workers, which its models decode on.
+        Command::Serve(args) => commands::serve(args).map(|()| 0),
+        command => on_worker(move || run(command)),
+    };
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::exit(1);
         }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<i32> {
+    match command {
+        Command::Tokenize(cmd) => commands::tokenize(cmd).map(|()| 0),
+        Command::Prepare(args) => commands::prepare(args).map(|()| 0),
+        Command::Train(args) => commands::train(*args),
+        Command::Translate(args) => commands::translate(args).map(|()| 0),
+        Command::Average(args) => commands::average(args).map(|()| 0),
+        Command::Eval(args) => commands::eval(args).map(|()| 0),
+        Command::Serve(args) => commands::serve(args).map(|()| 0),
     }
 }
