@@ -424,7 +424,7 @@ pub struct TranslateArgs {
     #[arg(long, value_name = "hard|soft|P", value_parser = clap::value_parser!(AlignMode))]
     pub alignment: Option<AlignMode>,
     /// Decoder layer alignments are read from (0-based), or avg for the mean of all layers;
-    /// default: the penultimate layer.
+    /// default: the last layer.
     #[arg(long, value_name = "N|avg")]
     pub alignment_layer: Option<String>,
     /// Attention head alignments are read from (0-based), or avg (the default) for the mean
