@@ -127,7 +127,12 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
         let batch = {
             let queue = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
             let Ok(first) = queue.recv() else { return };
-            let deadline = first.arrived + if together { policy.wait } else { Duration::ZERO };
+            let wait = if together {
+                policy.wait
+            } else {
+                Duration::ZERO
+            };
+            let deadline = first.arrived + wait;
             let mut batch: Vec<Encoded> = encode(model, first).into_iter().collect();
             let mut tokens: usize = batch.iter().map(token_count).sum();
             while tokens < policy.tokens {
@@ -145,7 +150,10 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
         };
         together = batch.len() > 1;
         // A client that went away (timeout, closed connection) needs no translation.
-        let batch: Vec<Encoded> = batch.into_iter().filter(|e| !e.job.reply.is_closed()).collect();
+        let batch: Vec<Encoded> = batch
+            .into_iter()
+            .filter(|e| !e.job.reply.is_closed())
+            .collect();
         let alone = shared.decoding.fetch_add(1, Ordering::SeqCst) == 0;
         if alone {
             crate::runtime::on_worker(|| decode(model, batch, &shared.metrics));
