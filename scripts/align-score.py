@@ -4,6 +4,8 @@ eflomal (trained on the training corpus plus these pairs, both directions symmet
 grow-diag-final-and), and score the model's own `--alignment hard` output against it:
 precision, recall, F1 and AER (the eflomal links taken as sure links).
     align-score.py TRAIN_SRC TRAIN_TGT TEST_SRC HYP_WITH_ALIGNMENT
+    align-score.py --write-links SRC TGT OUT   # eflomal's links of a corpus, for
+                                               # nmt train --guided-alignment
 HYP_WITH_ALIGNMENT: `nmt translate --alignment hard` output, `translation ||| s-t ...` lines.
 Prints one JSON line. Needs eflomal (pip install eflomal).
 """
@@ -59,7 +61,24 @@ def grow_diag_final_and(fwd, rev):
     return alignment
 
 
+def eflomal_links(src, tgt):
+    """grow-diag-final-and links of eflomal's two directions, one set per line."""
+    with tempfile.TemporaryDirectory() as work:
+        fwd, rev = os.path.join(work, "fwd"), os.path.join(work, "rev")
+        # eflomal reads whitespace-tokenised text, one sentence per line; an empty side is
+        # aligned to nothing.
+        eflomal.Aligner().align([l if l.strip() else "." for l in src], [l if l.strip() else "." for l in tgt],
+                                links_filename_fwd=fwd, links_filename_rev=rev, quiet=True)
+        return [grow_diag_final_and(a, b) for a, b in zip(read_links(fwd), read_links(rev))]
+
+
 def main():
+    if sys.argv[1] == "--write-links":
+        src, tgt, out = sys.argv[2:5]
+        with open(out, "w", encoding="utf-8") as f:
+            for links in eflomal_links(lines(src), lines(tgt)):
+                f.write(" ".join(f"{s}-{t}" for s, t in sorted(links)) + "\n")
+        return
     train_src, train_tgt, test_src, hyp_file = sys.argv[1:5]
     test = lines(test_src)
     hyps, ours = [], []
@@ -70,14 +89,7 @@ def main():
     assert len(hyps) == len(test), f"{len(hyps)} translations for {len(test)} sources"
     src = lines(train_src) + test
     tgt = lines(train_tgt) + hyps
-    with tempfile.TemporaryDirectory() as work:
-        fwd, rev = os.path.join(work, "fwd"), os.path.join(work, "rev")
-        # eflomal reads whitespace-tokenised text, one sentence per line; an empty side is
-        # aligned to nothing.
-        eflomal.Aligner().align([l if l.strip() else "." for l in src], [l if l.strip() else "." for l in tgt],
-                                links_filename_fwd=fwd, links_filename_rev=rev, quiet=True)
-        f, r = read_links(fwd)[-len(test):], read_links(rev)[-len(test):]
-    ref = [grow_diag_final_and(a, b) for a, b in zip(f, r)]
+    ref = eflomal_links(src, tgt)[-len(test):]
     hit = sum(len(a & b) for a, b in zip(ours, ref))
     n_ours, n_ref = sum(map(len, ours)), sum(map(len, ref))
     p, rc = hit / max(n_ours, 1), hit / max(n_ref, 1)

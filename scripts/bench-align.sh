@@ -4,28 +4,42 @@
 # test sources and that model's translations, grow-diag-final-and) aligns the same pairs;
 # prints precision, recall, F1 and AER of nmt's links against eflomal's, and BLEU (beam 5).
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg]
-# MODEL: de→en models as `nmt translate --model` takes them (e.g. one trained without and one
-# with guided alignment). eflomal installs from PyPI (pip install eflomal).
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--data DIR]
+# MODEL: de→en models as `nmt translate --model` takes them. --train M first trains two for M
+# minutes each with data/configs/yardstick.json, one without and one with guided alignment
+# (eflomal's links of the training corpus, --guided-alignment), and compares those.
+# eflomal installs from PyPI (pip install eflomal).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
-models=() data="" flags=()
+models=() data="" flags=() minutes=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=$2; shift 2 ;;
+    --train) minutes=$2; shift 2 ;;
     --layer) flags+=(--alignment-layer "$2"); shift 2 ;;
     --head) flags+=(--alignment-head "$2"); shift 2 ;;
     --*) echo "unknown option $1" >&2; exit 2 ;;
     *) models+=("$1"); shift ;;
   esac
 done
-[ ${#models[@]} -gt 0 ] || { echo "usage: $0 MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg]" >&2; exit 2; }
+[ ${#models[@]} -gt 0 ] || [ -n "$minutes" ] || { echo "usage: $0 MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg]" >&2; exit 2; }
 data=$("$root/scripts/find-multi30k.sh" "$data")
 cd "$root"; cargo build --release --quiet
 nmt=$root/target/release/nmt
 "$root/scripts/cpu-info.sh"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 zcat -f "$data/test_2016_flickr.de.gz" > "$work/test.de"
+if [ -n "$minutes" ]; then
+  runs=${NMT_ALIGN_RUNS:-/tmp/nmt-bench-align}
+  rm -rf "$runs"; mkdir -p "$runs"
+  "$py" "$root/scripts/align-score.py" --write-links "$data/train.de.gz" "$data/train.en.gz" "$runs/train.align"
+  train=(--src "$data/train.de.gz" --tgt "$data/train.en.gz" --valid-src "$data/val.de.gz" --valid-tgt "$data/val.en.gz"
+         --config data/configs/yardstick.json --max-time "${minutes}m")
+  $nmt train "${train[@]}" --out "$runs/plain" 2> "$runs/plain.log"
+  $nmt train "${train[@]}" --guided-alignment "$runs/train.align" --out "$runs/guided" 2> "$runs/guided.log"
+  models+=("$runs/plain" "$runs/guided")
+fi
 for m in "${models[@]}"; do
   $nmt translate --model "$m" --alignment hard "${flags[@]}" < "$work/test.de" > "$work/aligned.txt"
   sed 's/ ||| .*//' "$work/aligned.txt" > "$work/hyp.en"

@@ -335,6 +335,14 @@ pub struct TrainArgs {
     /// Gradient-norm clipping threshold (0: off).
     #[arg(long)]
     pub clip_norm: Option<f64>,
+    /// Word alignments of the training corpus (Pharaoh `s-t` lines, 0-based, one per line of
+    /// --src/--tgt, e.g. from eflomal) supervising the last decoder layer's first
+    /// cross-attention head (Marian's guided alignment).
+    #[arg(long, value_name = "FILE")]
+    pub guided_alignment: Option<PathBuf>,
+    /// Weight of the guided-alignment cost (default 0.1).
+    #[arg(long, value_name = "W")]
+    pub guided_alignment_weight: Option<f64>,
     /// Stop after N updates.
     #[arg(long)]
     pub max_steps: Option<usize>,

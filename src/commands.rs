@@ -383,8 +383,12 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
         clip_norm,
         valid_every,
         keep_last,
-        seed
+        seed,
+        guided_alignment_weight
     );
+    if args.guided_alignment.is_some() {
+        c.guided_alignment = args.guided_alignment.clone();
+    }
     if let Some(l) = args.layers {
         c.encoder_layers = l;
         c.decoder_layers = l;
@@ -573,7 +577,14 @@ fn attention_source(
             ),
         }
     };
-    let mut source = crate::align::AttentionSource::default_for(config.decoder_layers);
+    // A model trained with guided alignment is read where it was supervised.
+    let mut source = match crate::align::guided::recorded(&config.extra) {
+        Some((layer, head)) => crate::align::AttentionSource {
+            layer: Some(layer),
+            head: Some(head),
+        },
+        None => crate::align::AttentionSource::default_for(config.decoder_layers),
+    };
     if let Some(layer) = pick(
         "--alignment-layer",
         &args.alignment_layer,

@@ -1,9 +1,10 @@
 //! Word alignments read from the decoder's cross-attention (Marian's `--alignment`): the
 //! attention of each target piece over the source pieces, of one decoder layer and one head
 //! or the heads' mean, merged into the words the user sees on both sides (a piece that starts
-//! with `▁` starts a word, as in SentencePiece and nmt's tokenizers), printed as Pharaoh
-//! `s-t` pairs (0-based) or as soft rows.
+//! with `▁` starts a word, as in SentencePiece and nmt's tokenizers, unless it is an extra
+//! space), printed as Pharaoh `s-t` pairs (0-based) or as soft rows.
 
+pub mod guided;
 pub mod heatmap;
 
 use crate::data::tokenizer::SubwordTokenizer;
@@ -249,10 +250,13 @@ pub fn align(
                     .map(str::to_string)
                     .collect())
             };
-            let starts = |ids: &[u32]| -> Vec<bool> {
-                ids.iter().map(|&id| tokenizer.starts_word(id)).collect()
-            };
-            WordAlignment::from_pieces(&rows, words(src)?, words(tgt)?, &starts(src), &starts(tgt))
+            WordAlignment::from_pieces(
+                &rows,
+                words(src)?,
+                words(tgt)?,
+                &tokenizer.word_starts(src),
+                &tokenizer.word_starts(tgt),
+            )
         })
         .collect()
 }

@@ -18,6 +18,9 @@ pub struct Example {
     pub src: Vec<u32>,
     /// Target ids.
     pub tgt: Vec<u32>,
+    /// Its corpus (in the mixture's order) and the line of its files it came from, when the
+    /// store keeps line numbers.
+    pub origin: (usize, Option<u64>),
 }
 
 /// The longest `max_len` an epoch plan sorts by (its counting sort has `max_len²` buckets).
@@ -75,14 +78,15 @@ impl Mixture {
             .map(|&id| {
                 let c = self.first.partition_point(|&f| f <= id as u64) - 1;
                 let (mut src, mut tgt) = (Vec::new(), Vec::new());
-                self.corpora[c].1.read_pair(
-                    (id as u64 - self.first[c]) as usize,
-                    &mut src,
-                    &mut tgt,
-                );
+                let i = (id as u64 - self.first[c]) as usize;
+                self.corpora[c].1.read_pair(i, &mut src, &mut tgt);
                 src.push(eos);
                 tgt.push(eos);
-                Example { src, tgt }
+                Example {
+                    src,
+                    tgt,
+                    origin: (c, self.corpora[c].1.line(i)),
+                }
             })
             .collect()
     }
@@ -245,6 +249,9 @@ pub struct Batch {
     pub labels: Tensor,
     /// N: the number of target tokens.
     pub n_tokens: usize,
+    /// Guided alignment's targets (B, T, S) and the target tokens they cover, when training
+    /// with it.
+    pub alignment: Option<(Tensor, usize)>,
 }
 
 fn pad_to(rows: impl Iterator<Item = Vec<u32>>, pad: u32, device: &Device) -> Result<Tensor> {
@@ -288,6 +295,7 @@ impl Batch {
             positions: Tensor::from_vec(positions, n_tokens, device)?,
             labels: Tensor::from_vec(labels, n_tokens, device)?,
             n_tokens,
+            alignment: None,
         })
     }
 }
@@ -400,10 +408,12 @@ mod tests {
             Example {
                 src: vec![7, 0],
                 tgt: vec![8, 9, 0],
+                origin: (0, None),
             },
             Example {
                 src: vec![7, 7, 7, 0],
                 tgt: vec![4, 0],
+                origin: (0, None),
             },
         ];
         let b = Batch::new(&exs, 99, 99, &Device::Cpu).unwrap();

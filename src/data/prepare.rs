@@ -7,7 +7,7 @@
 use crate::data::corpus::{misaligned, LineReader};
 use crate::data::store::{
     self, fingerprint, FileSums, Filtered, Filters, Manifest, SourceFile, Store, TokenizerInfo,
-    CHUNK_BYTES, DATA_FILES, MANIFEST,
+    CHUNK_BYTES, DATA_FILES, LINES_FILE, MANIFEST,
 };
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::progress::Progress;
@@ -210,6 +210,7 @@ fn write_store(
     let id_bytes: u8 = if tok.vocab_size() <= 1 << 16 { 2 } else { 4 };
     let [tokens, lengths, offsets] = DATA_FILES.map(|name| SummedWriter::create(dir.join(name)));
     let (mut tokens, mut lengths, mut offsets) = (tokens?, lengths?, offsets?);
+    let mut line_nos = SummedWriter::create(dir.join(LINES_FILE))?;
     let total_bytes = sources[0].bytes + sources[1].bytes;
     let progress = Progress::bytes("preparing", total_bytes);
     let (mut pairs, mut n_tokens, mut filtered) = (0u64, 0u64, Filtered::default());
@@ -225,11 +226,15 @@ fn write_store(
             .map(|(a, b)| Ok((tok.encode_ids_cached(a)?, tok.encode_target_ids(b)?)))
             .collect::<Result<_>>()?;
         buf.clear();
-        for (a, b) in &encoded {
+        let first_line = pairs + filtered.total();
+        for (k, (a, b)) in encoded.iter().enumerate() {
             if let Some(count) = filter(a.len(), b.len(), filters) {
                 count(&mut filtered);
                 continue;
             }
+            let line = u32::try_from(first_line + k as u64)
+                .map_err(|_| anyhow::anyhow!("more than 2³² lines: split the corpus"))?;
+            line_nos.write(&line.to_le_bytes())?;
             offsets.write(&n_tokens.to_le_bytes())?;
             lengths.write(&(a.len() as u16).to_le_bytes())?;
             lengths.write(&(b.len() as u16).to_le_bytes())?;
@@ -257,6 +262,7 @@ fn write_store(
         tokens.finish(DATA_FILES[0])?,
         lengths.finish(DATA_FILES[1])?,
         offsets.finish(DATA_FILES[2])?,
+        line_nos.finish(LINES_FILE)?,
     ];
     for (name, bytes) in tok.model_files()? {
         crate::io::write_atomic(&dir.join(name), &bytes)?;

@@ -13,6 +13,9 @@
 //!   little-endian u16 when the vocabulary fits in 16 bits, else u32.
 //! - `lengths.bin`: per pair, the source and target lengths as two little-endian u16.
 //! - `offsets.bin`: per pair, the little-endian u64 position of its first id in `tokens.bin`.
+//! - `lines.bin`: per pair, the little-endian u32 number (0-based) of the line it came from,
+//!   which guided alignment needs to find a pair's alignment (stores written before it
+//!   existed lack it, and serve everything else as before).
 //!
 //! This module reads and checks stores; it does not tokenize or batch.
 
@@ -36,6 +39,8 @@ pub const MANIFEST: &str = "store.json";
 pub const CHUNK_BYTES: u64 = 64 << 20;
 /// The data files, in the order the manifest lists them.
 pub const DATA_FILES: [&str; 3] = ["tokens.bin", "lengths.bin", "offsets.bin"];
+/// The optional data file of source line numbers, listed after [`DATA_FILES`].
+pub const LINES_FILE: &str = "lines.bin";
 
 /// Which pairs preparation drops. Pairs with an empty side are always dropped.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
@@ -215,6 +220,7 @@ pub struct Store {
     tokens: Mmap,
     lengths: Mmap,
     offsets: Mmap,
+    lines: Option<Mmap>,
 }
 
 fn map(path: &Path) -> Result<Mmap> {
@@ -265,19 +271,23 @@ impl Store {
                 re_prepare_hint(dir)
             );
         }
-        let expected = [
-            manifest.tokens * manifest.id_bytes as u64,
-            manifest.pairs * 4,
-            manifest.pairs * 8,
-        ];
-        if !matches!(manifest.id_bytes, 2 | 4) || manifest.files.len() != DATA_FILES.len() {
+        let names: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
+        if !matches!(manifest.id_bytes, 2 | 4)
+            || (names[..] != DATA_FILES[..]
+                && names[..] != [&DATA_FILES[..], &[LINES_FILE]].concat()[..])
+        {
             bail!("{}: inconsistent manifest", path.display());
         }
-        let mut maps = Vec::with_capacity(DATA_FILES.len());
-        for ((name, sums), want) in DATA_FILES.iter().zip(&manifest.files).zip(expected) {
-            let p = dir.join(name);
+        let mut maps = Vec::with_capacity(names.len());
+        for sums in &manifest.files {
+            let want = match sums.name.as_str() {
+                "tokens.bin" => manifest.tokens * manifest.id_bytes as u64,
+                "lengths.bin" | LINES_FILE => manifest.pairs * 4,
+                _ => manifest.pairs * 8,
+            };
+            let p = dir.join(&sums.name);
             let m = map(&p)?;
-            if sums.name != *name || sums.bytes != want || m.len() as u64 != want {
+            if sums.bytes != want || m.len() as u64 != want {
                 bail!(
                     "{}: {} bytes, expected {want} (truncated or damaged); {}",
                     p.display(),
@@ -301,14 +311,26 @@ impl Store {
             }
             maps.push(m);
         }
-        let [tokens, lengths, offsets] = maps.try_into().expect("three data files");
+        let lines = (maps.len() > DATA_FILES.len())
+            .then(|| maps.pop())
+            .flatten();
+        let [tokens, lengths, offsets] =
+            maps.try_into().map_err(|_| anyhow!("three data files"))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             manifest,
             tokens,
             lengths,
             offsets,
+            lines,
         })
+    }
+
+    /// The line (0-based, of both source files) pair `i` came from; `None` for a store
+    /// written before line numbers were kept.
+    pub fn line(&self, i: usize) -> Option<u64> {
+        let l = self.lines.as_ref()?;
+        Some(u32::from_le_bytes(l[i * 4..i * 4 + 4].try_into().unwrap()) as u64)
     }
 
     /// Number of pairs.

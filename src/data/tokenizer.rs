@@ -500,13 +500,24 @@ impl SubwordTokenizer {
         }
     }
 
-    /// Whether the piece of `id` starts a word (begins with `▁`).
-    pub fn starts_word(&self, id: u32) -> bool {
-        let starts = |p: &str| p.starts_with('\u{2581}');
-        match &self.backend {
-            Backend::Hf(inner) => inner.id_to_token(id).is_some_and(|p| starts(&p)),
-            Backend::Opus(vocab) => vocab.id_to_piece(id).is_some_and(starts),
-        }
+    /// Which pieces of `ids` start a word of the text (a whitespace-separated word): those
+    /// beginning with `▁`, except a lone `▁` followed by another such piece or by nothing,
+    /// which is an extra space and starts no word.
+    pub fn word_starts(&self, ids: &[u32]) -> Vec<bool> {
+        let pieces: Vec<Option<String>> = ids
+            .iter()
+            .map(|&id| match &self.backend {
+                Backend::Hf(inner) => inner.id_to_token(id),
+                Backend::Opus(vocab) => vocab.id_to_piece(id).map(str::to_string),
+            })
+            .collect();
+        let opens = |p: &Option<String>| p.as_deref().is_some_and(|p| p.starts_with('\u{2581}'));
+        (0..pieces.len())
+            .map(|i| {
+                let lone = pieces[i].as_deref() == Some("\u{2581}");
+                opens(&pieces[i]) && !(lone && pieces.get(i + 1).is_none_or(opens))
+            })
+            .collect()
     }
 
     /// The id of a piece, if it is in the vocabulary.

@@ -146,6 +146,11 @@ pub struct TrainConfig {
     pub log_every: usize,
     /// Seed for initialisation, data order and dropout.
     pub seed: u64,
+    /// Word alignments of the (one, text) training corpus supervising the last decoder
+    /// layer's first cross-attention head (Pharaoh lines, one per corpus line).
+    pub guided_alignment: Option<PathBuf>,
+    /// The guided-alignment cost's weight (Marian's default).
+    pub guided_alignment_weight: f64,
 }
 
 impl Default for TrainConfig {
@@ -188,6 +193,8 @@ impl Default for TrainConfig {
             keep_last: 5,
             log_every: 100,
             seed: 1,
+            guided_alignment: None,
+            guided_alignment_weight: 0.1,
         }
     }
 }
@@ -273,6 +280,14 @@ impl TrainConfig {
         }
         if self.tokenizer_max_lines == 0 {
             bail!("tokenizer_max_lines must be positive");
+        }
+        if self.guided_alignment.is_some()
+            && !(self.corpora.len() == 1 && self.corpora[0].src.is_some())
+        {
+            bail!("guided alignment needs one training corpus given as text (--src and --tgt), whose lines the alignments follow");
+        }
+        if !(self.guided_alignment_weight.is_finite() && self.guided_alignment_weight > 0.0) {
+            bail!("guided_alignment_weight must be a positive number");
         }
         let mut names = std::collections::HashSet::new();
         for (i, c) in self.corpora.iter().enumerate() {

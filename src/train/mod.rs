@@ -155,6 +155,8 @@ struct Trainer<'a> {
     tok: SubwordTokenizer,
     /// A fine-tuned model's own tokenizer files, copied into every checkpoint.
     tokenizer_files: Option<PathBuf>,
+    /// Guided alignment, when training with it.
+    guide: Option<crate::align::guided::Guide>,
 }
 
 impl Trainer<'_> {
@@ -167,7 +169,15 @@ impl Trainer<'_> {
         let tgt_bias = m
             .causal_bias(t)?
             .broadcast_add(&m.length_bias(&b.tgt_lengths, t)?)?;
-        let h = m.decode(&b.tgt_in, &tgt_bias, &memory, &src_bias, drop)?;
+        let guide = self.guide.as_ref().filter(|_| b.alignment.is_some());
+        let (h, attention) = m.decode_attending(
+            &b.tgt_in,
+            &tgt_bias,
+            &memory,
+            &src_bias,
+            drop,
+            guide.map(|g| g.layer),
+        )?;
         let (bs, t, d) = h.dims3()?;
         let rows = ops::select_rows(&h.reshape((bs * t, d))?, &b.positions)?;
         let eps = if drop.is_on() {
@@ -176,7 +186,16 @@ impl Trainer<'_> {
             0.0
         };
         let (weight, bias) = m.output_projection();
-        loss::label_smoothed_nll(weight, bias, &rows, &b.labels, eps, drop.is_on())
+        let (loss, nll) =
+            loss::label_smoothed_nll(weight, bias, &rows, &b.labels, eps, drop.is_on())?;
+        match (guide, &b.alignment, attention) {
+            (Some(g), Some((targets, _)), Some(probs)) => {
+                let cost = crate::align::guided::cost(&probs, g.head, targets)?;
+                let cost = (cost.to_dtype(loss.dtype())? * g.weight)?;
+                Ok(((loss + cost)?, nll))
+            }
+            _ => Ok((loss, nll)),
+        }
     }
 
     fn validate(&self, valid: &data::Valid) -> Result<Validation> {
@@ -277,7 +296,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
     for (name, bytes) in tok.model_files()? {
         crate::io::write_atomic(&job.out.join(name), &bytes)?;
     }
-    let model_config = match (&init_dir, job.resume) {
+    let mut model_config = match (&init_dir, job.resume) {
         (_, true) => ModelConfig::load(&last.join("config.json"))?,
         (Some(dir), false) => {
             eprintln!(
@@ -317,6 +336,36 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         (None, false) => Weights::init(cfg.seed, &job.device, job.dtype),
     };
     let model = Seq2Seq::new(&model_config, &weights)?;
+    // Guided alignment supervises the last decoder layer's first head (Marian's choice); the
+    // checkpoints record it for `translate --alignment`.
+    let guide = match (
+        &cfg.guided_alignment,
+        &cfg.corpora[0].src,
+        &cfg.corpora[0].tgt,
+    ) {
+        (Some(path), Some(src), Some(tgt)) => {
+            let layer = model_config.decoder_layers - 1;
+            let g = crate::align::guided::Guide::read(
+                path,
+                src,
+                tgt,
+                cfg.guided_alignment_weight,
+                layer,
+                0,
+            )?;
+            model_config.extra.insert(
+                crate::align::guided::CONFIG_KEY.into(),
+                crate::align::guided::config_value(layer, 0),
+            );
+            eprintln!(
+                "guided alignment: {} supervises decoder layer {layer}, head 0, weight {}",
+                path.display(),
+                g.weight
+            );
+            Some(g)
+        }
+        _ => None,
+    };
     // Frozen parts stay out of the optimizer: never updated, bit for bit. A resumed run keeps
     // the parts it froze.
     let parts: Vec<FreezePart> = match &resume_state {
@@ -394,6 +443,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         opt,
         tok,
         tokenizer_files: kept_tokenizer.is_dir().then_some(kept_tokenizer),
+        guide,
     };
     train_loop(
         &mut trainer,
@@ -608,7 +658,11 @@ fn train_loop(
                 }
                 let exs = mixture.examples(plan.batch(order[state.batch_in_epoch]), eos);
                 state.batch_in_epoch += 1;
-                let b = Batch::new(&exs, pad, start_id, tr.model.device())?;
+                let mut b = Batch::new(&exs, pad, start_id, tr.model.device())?;
+                if let Some(g) = &tr.guide {
+                    let (s, t) = (b.src.dim(1)?, b.tgt_in.dim(1)?);
+                    b.alignment = Some(g.targets(&exs, &tr.tok, s, t, tr.model.device())?);
+                }
                 let t = Instant::now();
                 let (loss, _) = tr.batch_loss(&b, &drop)?;
                 loss_sum += loss.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
