@@ -164,6 +164,31 @@ fn fine_tuning_starts_from_the_model_and_keeps_its_tokenizer() {
         "decoder",
     ]);
     assert!(err.contains("nothing is left to train"), "{err}");
+    // Another architecture's config parses with Marian's defaults; it must not be built.
+    let other = dir.path().join("t5");
+    std::fs::create_dir(&other).unwrap();
+    for f in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(model.join(f), other.join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    config["model_type"] = "t5".into();
+    std::fs::write(other.join("config.json"), config.to_string()).unwrap();
+    let mut args = vec![
+        "train",
+        "--out",
+        s(&bad_out),
+        "--max-steps",
+        "1",
+        "--init",
+        s(&other),
+    ];
+    args.extend_from_slice(&data[..4]);
+    let err = nmt_err(&args, b"");
+    assert!(
+        err.contains("model_type \"t5\": nmt builds Marian models"),
+        "{err}"
+    );
 }
 
 /// An OPUS-MT model (SentencePiece models and vocab.json, no tokenizer.json) fine-tunes: the

@@ -150,6 +150,13 @@ impl ModelConfig {
 
     /// Checks that nmt can build this model.
     pub fn validate(&self) -> Result<()> {
+        // Another architecture's config can parse as a Marian one (serde fills the defaults);
+        // building it would silently make a different model.
+        if let Some(kind) = self.extra.get("model_type").and_then(|v| v.as_str()) {
+            if kind != "marian" {
+                bail!("model_type {kind:?}: nmt builds Marian models (MarianMTModel) only");
+            }
+        }
         if self.d_model == 0 || self.vocab_size == 0 || self.max_position_embeddings == 0 {
             bail!("d_model, vocab_size and max_position_embeddings must be positive");
         }
