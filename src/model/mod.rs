@@ -17,7 +17,6 @@ pub use cache::{DecoderCache, LayerCache};
 use candle_core::{DType, Device, Tensor};
 pub use config::{Activation, ModelConfig};
 use std::cell::RefCell;
-use std::sync::OnceLock;
 use weights::{Init, Weights};
 
 /// LayerNorm epsilon (PyTorch's default, as transformers uses).
@@ -84,7 +83,7 @@ pub struct Linear {
     bias: Tensor,
     /// Weights loaded from a file never change: they are packed once, on first use, for the
     /// inference kernel (`None` inside where it cannot run). Trainable ones are not.
-    packed: Option<OnceLock<Option<ops::packed::Packed>>>,
+    packed: Option<ops::packed::PackedCell>,
 }
 
 impl Linear {
@@ -104,7 +103,7 @@ impl Linear {
         Self {
             weight,
             bias,
-            packed: fixed.then(OnceLock::new),
+            packed: fixed.then(ops::packed::PackedCell::default),
         }
     }
 
@@ -120,22 +119,6 @@ impl Linear {
         ))
     }
 
-    /// The packed weights of a layer loaded from a file, for CPU f32 inputs, where the kernel
-    /// runs (packed on first use).
-    fn packed(&self, x: &Tensor) -> Result<Option<&ops::packed::Packed>> {
-        let Some(cell) = &self.packed else {
-            return Ok(None);
-        };
-        if x.dtype() != DType::F32 || !x.device().is_cpu() {
-            return Ok(None);
-        }
-        if cell.get().is_none() {
-            let p = ops::packed::Packed::new(&self.weight, &self.bias)?;
-            let _ = cell.set(p);
-        }
-        Ok(cell.get().and_then(|p| p.as_ref()))
-    }
-
     /// Applies the layer to (..., in).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_act(x, false)
@@ -143,14 +126,12 @@ impl Linear {
 
     /// Applies the layer, then ReLU when `relu` (fused on the CPU).
     pub fn forward_act(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        let Some(p) = self.packed(x)? else {
-            return Ok(ops::linear(x, &self.weight, &self.bias, relu)?);
-        };
-        let dims = x.dims().to_vec();
-        let y = p.forward(&x.reshape(((), dims[dims.len() - 1]))?, relu)?;
-        let mut out = dims;
-        *out.last_mut().unwrap() = self.bias.dims()[0];
-        Ok(y.reshape(out)?)
+        if let Some(cell) = &self.packed {
+            if let Some(y) = cell.forward(x, &self.weight, &self.bias, relu)? {
+                return Ok(y);
+            }
+        }
+        Ok(ops::linear(x, &self.weight, &self.bias, relu)?)
     }
 }
 
@@ -595,7 +576,7 @@ impl Seq2Seq {
             .collect();
         // The CPU kernel reads each sentence's keys for all its beams; elsewhere the rows are
         // laid out per hypothesis.
-        let shared_cross = memory.device().is_cpu() && memory.dtype() == DType::F32;
+        let shared_cross = ops::attention::step_kernels(memory);
         let expand = |t: Tensor| -> Result<Tensor> {
             if shared_cross || beams == 1 {
                 return Ok(t);

@@ -418,6 +418,13 @@ impl CustomOp3 for AttendOne {
     }
 }
 
+/// Whether the decoding-step kernels ([`attend_one`], [`attend_steps`]) run for tensors like
+/// `memory`: a decoder cache then keeps one copy of each sentence's cross-attention keys for
+/// all its beams, and self-attention keys step by step.
+pub fn step_kernels(memory: &Tensor) -> bool {
+    fused(memory)
+}
+
 /// Attention of one query position per row, for incremental decoding (no gradient): q
 /// (B, H, 1, d) already scaled, k and v (B_kv, H, S, d), bias (B_kv|1, 1, 1, S) or none.
 /// `kv_rows` (length B) names the key/value row of each query row, so that the beams of a

@@ -10,13 +10,47 @@
 
 use super::cpu::{has_avx512, OutPtr};
 use super::slice;
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 /// Output columns per panel: two 16-lane registers.
 const PANEL: usize = 32;
 /// Rows per kernel call: 2 × 8 accumulators of 16 lanes.
 const TILE_ROWS: usize = 8;
+
+/// A loaded layer's packed weights, made on its first use where the kernel runs.
+#[derive(Default)]
+pub struct PackedCell(OnceLock<Option<Packed>>);
+
+impl PackedCell {
+    /// `x` (..., in) times `weight` (out, in) transposed plus `bias`, then ReLU when `relu`,
+    /// through the packed kernel; `None` where it does not run (another device or dtype, no
+    /// AVX-512), and the caller takes the general path.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        relu: bool,
+    ) -> Result<Option<Tensor>> {
+        if x.dtype() != DType::F32 || !x.device().is_cpu() {
+            return Ok(None);
+        }
+        if self.0.get().is_none() {
+            let _ = self.0.set(Packed::new(weight, bias)?);
+        }
+        let Some(p) = self.0.get().and_then(Option::as_ref) else {
+            return Ok(None);
+        };
+        let mut dims = x.dims().to_vec();
+        let y = p.forward(&x.reshape(((), dims[dims.len() - 1]))?, relu)?;
+        *dims
+            .last_mut()
+            .expect("a linear layer's input has dimensions") = p.n_out;
+        Ok(Some(y.reshape(dims)?))
+    }
+}
 
 /// A weight (out, in) and its bias, packed for [`Packed::forward`].
 pub struct Packed {
