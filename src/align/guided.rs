@@ -113,7 +113,14 @@ impl Guide {
                     "--guided-alignment: the prepared corpus keeps no line numbers (prepared by an older nmt); delete its folder under DIR/data so that it is prepared again"
                 );
             };
-            let links = &self.links[line as usize];
+            let Some(links) = self.links.get(line as usize) else {
+                bail!(
+                    "{}: no alignment for corpus line {} (it has {} lines)",
+                    self.path.display(),
+                    line + 1,
+                    self.links.len()
+                );
+            };
             let (src, tgt) = (&e.src[..e.src.len() - 1], &e.tgt[..e.tgt.len() - 1]);
             let (ss, ts) = (tok.word_starts(src), tok.word_starts(tgt));
             let count = |v: &[bool]| v.iter().filter(|&&x| x).count().max(1);
