@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Word alignments of nmt against eflomal, on Multi30k de→en: each model translates
-# test_2016_flickr with `--alignment hard`; eflomal (trained on the training corpus plus the
+# test_2016_flickr with `--alignment hard` (or a threshold P); eflomal (trained on the training corpus plus the
 # test sources and that model's translations, grow-diag-final-and) aligns the same pairs;
 # prints precision, recall, F1 and AER of nmt's links against eflomal's, and BLEU (beam 5).
-#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg]
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg] [--alignment hard|P]
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--data DIR]
 # MODEL: de→en models as `nmt translate --model` takes them. --train M first trains two for M
 # minutes each with data/configs/yardstick.json, one without and one with guided alignment
@@ -12,13 +12,14 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
-models=() data="" flags=() minutes=""
+models=() data="" flags=() minutes="" mode=hard
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=$2; shift 2 ;;
     --train) minutes=$2; shift 2 ;;
     --layer) flags+=(--alignment-layer "$2"); shift 2 ;;
     --head) flags+=(--alignment-head "$2"); shift 2 ;;
+    --alignment) mode=$2; shift 2 ;;
     --*) echo "unknown option $1" >&2; exit 2 ;;
     *) models+=("$1"); shift ;;
   esac
@@ -41,7 +42,7 @@ if [ -n "$minutes" ]; then
   models+=("$runs/plain" "$runs/guided")
 fi
 for m in "${models[@]}"; do
-  $nmt translate --model "$m" --alignment hard "${flags[@]}" < "$work/test.de" > "$work/aligned.txt"
+  $nmt translate --model "$m" --alignment "$mode" "${flags[@]}" < "$work/test.de" > "$work/aligned.txt"
   sed 's/ ||| .*//' "$work/aligned.txt" > "$work/hyp.en"
   $nmt translate --model "$m" --beam 5 < "$work/test.de" > "$work/beam5.en"
   bleu=$($nmt eval --ref "$data/test_2016_flickr.en.gz" --hyp "$work/beam5.en" --metrics bleu --json | "$py" -c "import json,sys; print(round(json.load(sys.stdin)[0]['score'], 2))")
