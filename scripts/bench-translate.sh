@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Decoding speed and parity on the same weights: nmt, transformers `generate` and CTranslate2
-# (float32, 2 threads), greedy and beam 5, batch 64, over test_2016_flickr.de; prints
-# sentences/s (best of --rounds runs, nmt and CTranslate2 alternating, each peer in a process of
-# its own; nmt also with its start-up subtracted, as the peers' timings leave out loading), the
-# speed ratios, and the share of lines where nmt's output equals each peer's.
+# (2 threads), greedy and beam 5, batch 64, over test_2016_flickr.de, in float32 and in int8
+# (nmt --compute-type int8; CTranslate2's int8 and int8_float32); prints the CPU, sentences/s
+# (best of --rounds runs, nmt and CTranslate2 alternating, each peer in a process of its own;
+# nmt also with its start-up subtracted, as the peers' timings leave out loading), the speed
+# ratios, nmt's peak RSS, BLEU of each output, and the share of lines where nmt's output
+# equals each peer's and its int8 output its float32 output.
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-translate.sh HF_MODEL_DIR [--data DIR] [--lines N] [--rounds R]
 # HF_MODEL_DIR: an HF Marian folder, e.g. the hf/ output of ../shared/peers/torch_marian_ref.py.
 set -euo pipefail
@@ -20,11 +22,13 @@ done
 data=$("$root/scripts/find-multi30k.sh" "$data")
 cd "$root"; cargo build --release --quiet
 nmt=$root/target/release/nmt
+"$root/scripts/cpu-info.sh"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 zcat -f "$data/test_2016_flickr.de.gz" > "$work/all.de"
 head -n "$lines" "$work/all.de" > "$work/src.de"
+zcat -f "$data/test_2016_flickr.en.gz" | head -n "$lines" > "$work/ref.en"
 export OMP_NUM_THREADS=2 RAYON_NUM_THREADS=2
-peer() { "$py" "$root/scripts/decode-peers.py" "$model" "$work/src.de" "$work" --engine "$1" --threads 2 --batch 64 --max-new-tokens 128 2>/dev/null | tail -1; }
+peer() { "$py" "$root/scripts/decode-peers.py" "$model" "$work/src.de" "$work" --engine "$1" --threads 2 --batch 64 --max-new-tokens 128 "${@:2}" 2>/dev/null | tail -1; }
 # nmt's time includes starting the process and loading the model, the peers' only decoding;
 # nmt's start-up (best of 3 runs translating one word) is also measured, and subtracted for
 # the "decoding only" row.
@@ -41,36 +45,60 @@ for beam in 1 5; do
 done
 : > "$work/rates"
 for r in $(seq "$rounds"); do
-  for beam in 1 5; do
-    t=$(secs "$work/src.de" "$work/nmt.beam$beam.txt" $nmt translate --model "$model" --beam "$beam" --batch-size 64 --max-len-a 0 --max-len-b 128)
-    echo "{\"nmt_beam${beam}_sent_per_s\": $("$py" -c "print(round($lines / $t, 1))"), \"nmt_beam${beam}_decode_sent_per_s\": $("$py" -c "print(round($lines / ($t - ${startup[$beam]}), 1))")}" >> "$work/rates"
+  for ct in float32 int8; do
+    for beam in 1 5; do
+      t=$(secs "$work/src.de" "$work/nmt-$ct.beam$beam.txt" /usr/bin/time -o "$work/rss" -f %M $nmt translate --model "$model" --beam "$beam" --batch-size 64 --max-len-a 0 --max-len-b 128 --compute-type $ct)
+      echo "{\"nmt-${ct}_beam${beam}_sent_per_s\": $("$py" -c "print(round($lines / $t, 1))"), \"nmt-${ct}_beam${beam}_decode_sent_per_s\": $("$py" -c "print(round($lines / ($t - ${startup[$beam]}), 1))"), \"nmt-${ct}_beam${beam}_rss_mb\": $(($(cat "$work/rss") / 1024))}" >> "$work/rates"
+    done
   done
-  peer ct2 >> "$work/rates"
+  for ct in float32 int8 int8_float32; do peer ct2 --compute-type $ct >> "$work/rates"; done
 done
 peer hf >> "$work/rates"  # transformers is slow: one run
+for f in "$work"/*.beam?.txt; do
+  echo "{\"bleu_$(basename "$f" .txt)\": $($nmt eval --ref "$work/ref.en" --hyp "$f" --metrics bleu --json | "$py" -c "import json,sys; print(json.load(sys.stdin)[0]['score'])")}" >> "$work/rates"
+done
 "$py" - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
-peers = {}
+m = {}
 for line in open(f"{work}/rates"):
     for k, v in json.loads(line).items():
-        peers[k] = max(peers.get(k, v), v) if isinstance(v, float) else v
+        m[k] = max(m.get(k, v), v) if isinstance(v, float) and "rss" not in k else v
 read = lambda n: open(f"{work}/{n}", encoding="utf-8").read().split("\n")[:-1]
 print("sentences/s; nmt: whole process (start-up, model load, decoding), then decoding only")
 print("(start-up subtracted; the peers' timings cover decoding only)")
-print(f"{'':16} {'nmt':>8} {'transformers':>13} {'CTranslate2':>12}   nmt/transformers  nmt/CT2")
+print(f"{'':22} {'nmt':>8} {'transformers':>13} {'CTranslate2':>12}   nmt/transformers  nmt/CT2")
 for beams in (1, 5):
-    hf, ct = peers.get(f"hf_beam{beams}_sent_per_s"), peers.get(f"ct2_beam{beams}_sent_per_s")
+    hf, ct = m.get(f"hf_beam{beams}_sent_per_s"), m.get(f"ct2_beam{beams}_sent_per_s")
     for how, key in (("", "sent_per_s"), (" decoding", "decode_sent_per_s")):
-        rate = peers[f"nmt_beam{beams}_{key}"]
-        print(f"{f'beam {beams}{how}':<16} {rate:>8.1f} {hf or 0:>13.1f} {ct or 0:>12.1f}   {rate / hf if hf else 0:>16.2f}  {rate / ct if ct else 0:>7.2f}")
+        rate = m[f"nmt-float32_beam{beams}_{key}"]
+        print(f"{f'beam {beams}{how}':<22} {rate:>8.1f} {hf or 0:>13.1f} {ct or 0:>12.1f}   {rate / hf if hf else 0:>16.2f}  {rate / ct if ct else 0:>7.2f}")
+print("\nint8 (nmt --compute-type int8; CTranslate2 int8 and int8_float32), sentences/s")
+print(f"{'':22} {'nmt int8':>9} {'CT2 int8':>9} {'CT2 i8_f32':>11}  vs faster CT2  vs nmt float32")
 for beams in (1, 5):
-    for peer, name in (("hf", "transformers'"), ("ct2", "CTranslate2's")):
+    ct2 = max(m.get(f"ct2_int8_beam{beams}_sent_per_s", 0), m.get(f"ct2_int8_float32_beam{beams}_sent_per_s", 0))
+    for how, key in (("", "sent_per_s"), (" decoding", "decode_sent_per_s")):
+        rate, f32 = m[f"nmt-int8_beam{beams}_{key}"], m[f"nmt-float32_beam{beams}_{key}"]
+        print(f"{f'beam {beams}{how}':<22} {rate:>9.1f} {m.get(f'ct2_int8_beam{beams}_sent_per_s', 0):>9.1f} "
+              f"{m.get(f'ct2_int8_float32_beam{beams}_sent_per_s', 0):>11.1f}  {rate / ct2 if ct2 else 0:>13.2f}  {rate / f32:>14.2f}")
+for beams in (1, 5):
+    print(f"beam {beams}: nmt peak RSS float32 {m[f'nmt-float32_beam{beams}_rss_mb']} MB, int8 {m[f'nmt-int8_beam{beams}_rss_mb']} MB")
+print("\nBLEU (test_2016_flickr, these lines):")
+for beams in (1, 5):
+    print(f"beam {beams}: " + ", ".join(f"{n} {m[f'bleu_{f}.beam{beams}']:.2f}" for n, f in (
+        ("nmt float32", "nmt-float32"), ("nmt int8", "nmt-int8"), ("CT2 float32", "ct2"), ("CT2 int8", "ct2-int8"),
+        ("CT2 int8_float32", "ct2-int8_float32"), ("transformers", "hf")) if f"bleu_{f}.beam{beams}" in m))
+for beams in (1, 5):
+    for ours, theirs, name in (("nmt-float32", "hf", "nmt float32 equals transformers'"),
+                               ("nmt-float32", "ct2", "nmt float32 equals CTranslate2's"),
+                               ("nmt-int8", "nmt-float32", "nmt int8 equals nmt float32's"),
+                               ("ct2-int8", "ct2", "CT2 int8 equals CT2 float32's")):
         try:
-            ours, theirs = read(f"nmt.beam{beams}.txt"), read(f"{peer}.beam{beams}.txt")
+            a, b = read(f"{ours}.beam{beams}.txt"), read(f"{theirs}.beam{beams}.txt")
         except FileNotFoundError:
             continue
-        same = sum(o == t for o, t in zip(ours, theirs))
-        print(f"beam {beams}: nmt output equals {name} on {same}/{len(theirs)} lines ({100 * same / len(theirs):.1f} %)")
-if "ct2_error" in peers: print("CTranslate2 failed:", peers["ct2_error"])
+        same = sum(o == t for o, t in zip(a, b))
+        print(f"beam {beams}: {name} on {same}/{len(b)} lines ({100 * same / len(b):.1f} %)")
+for k in ("ct2_error",):
+    if k in m: print("CTranslate2 failed:", m[k])
 PY

@@ -2,9 +2,10 @@
 """Decode sentences with transformers' generate or CTranslate2 on one HF Marian folder.
 
     decode-peers.py MODEL_DIR SOURCES OUT_DIR --engine hf|ct2 [--threads 2] [--batch 64]
-                    [--max-new-tokens 128]
+                    [--max-new-tokens 128] [--compute-type float32|int8|int8_float32|...]
 
-Writes OUT_DIR/ENGINE.beam{1,5}.txt and prints one JSON line with sentences/s. Used by
+Writes OUT_DIR/ENGINE.beam{1,5}.txt (CTranslate2 with another compute type than float32:
+ct2-TYPE.beam{1,5}.txt) and prints one JSON line with sentences/s. Used by
 scripts/bench-translate.sh; needs tokenizers and torch + transformers (hf) or ctranslate2 (ct2).
 Run each engine in a process of its own: after torch has run in a process, CTranslate2 in that
 process decodes 1.6–2.5× slower (measured; two OpenMP runtimes compete for the cores).
@@ -18,6 +19,7 @@ ap.add_argument("model"); ap.add_argument("sources"); ap.add_argument("out")
 ap.add_argument("--engine", choices=["hf", "ct2"], required=True)
 ap.add_argument("--threads", type=int, default=2); ap.add_argument("--batch", type=int, default=64)
 ap.add_argument("--max-new-tokens", type=int, default=128)
+ap.add_argument("--compute-type", default="float32", help="CTranslate2's compute_type")
 a = ap.parse_args()
 os.makedirs(a.out, exist_ok=True)
 tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
@@ -54,15 +56,17 @@ def ctranslate2_translate():
     ct2dir = os.path.join(a.out, "ct2-model")
     conv = os.path.join(os.path.dirname(sys.executable), "ct2-transformers-converter")
     subprocess.run([conv, "--model", a.model, "--output_dir", ct2dir, "--force"], check=True, capture_output=True)
-    tr = ctranslate2.Translator(ct2dir, device="cpu", inter_threads=1, intra_threads=a.threads)
+    tr = ctranslate2.Translator(ct2dir, device="cpu", inter_threads=1, intra_threads=a.threads,
+                                compute_type=a.compute_type)
+    name, file = ("ct2", "ct2") if a.compute_type == "float32" else (f"ct2_{a.compute_type}", f"ct2-{a.compute_type}")
     src_toks = [tok.encode(s, add_special_tokens=False).tokens + ["</s>"] for s in lines]
     for beams in (1, 5):
         t = time.time()
         r = tr.translate_batch(src_toks, beam_size=beams, max_batch_size=a.batch, max_decoding_length=a.max_new_tokens)
         s = time.time() - t
         outs = [tok.decode([tok.token_to_id(x) for x in o.hypotheses[0]], skip_special_tokens=True) for o in r]
-        res[f"ct2_beam{beams}_sent_per_s"] = round(len(outs) / s, 1)
-        open(os.path.join(a.out, f"ct2.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
+        res[f"{name}_beam{beams}_sent_per_s"] = round(len(outs) / s, 1)
+        open(os.path.join(a.out, f"{file}.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
 
 
 if a.engine == "hf":

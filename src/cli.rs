@@ -148,6 +148,9 @@ pub struct EvalArgs {
     /// Weight dtype for translating with --model on CUDA.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32, requires = "model")]
     pub dtype: DtypeArg,
+    /// How the linear layers compute when translating with --model on the CPU.
+    #[arg(long, value_enum, default_value_t = ComputeArg::Float32, requires = "model")]
+    pub compute_type: ComputeArg,
     /// Metrics to compute, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "bleu")]
     pub metrics: Vec<MetricName>,
@@ -212,6 +215,15 @@ pub enum DtypeArg {
     Bf16,
     /// float16 (CUDA only).
     F16,
+}
+
+/// How a loaded model's linear layers compute (CTranslate2's `compute_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeArg {
+    /// 32-bit floats.
+    Float32,
+    /// 8-bit integers, CPU only.
+    Int8,
 }
 
 /// A part of the model `--freeze` holds fixed.
@@ -420,6 +432,10 @@ pub struct TranslateArgs {
     /// Weight dtype on CUDA.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// How the linear layers compute on the CPU: float32, or int8 (weights quantized per
+    /// output row, inputs per row as the layer runs; AVX-512 VNNI where the CPU has it).
+    #[arg(long, value_enum, default_value_t = ComputeArg::Float32)]
+    pub compute_type: ComputeArg,
     /// Append the hypothesis score (tab-separated).
     #[arg(long)]
     pub scores: bool,
@@ -513,4 +529,8 @@ pub struct ServeArgs {
     /// Weight dtype on CUDA.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+    /// How the linear layers compute on the CPU: float32, or int8 (weights quantized per
+    /// output row, inputs per row as the layer runs; AVX-512 VNNI where the CPU has it).
+    #[arg(long, value_enum, default_value_t = ComputeArg::Float32)]
+    pub compute_type: ComputeArg,
 }

@@ -2,8 +2,8 @@
 //! library modules; no algorithm lives here.
 
 use crate::cli::{
-    AverageArgs, DeviceArg, DtypeArg, EncodeArgs, EvalArgs, MetricName, PrepareArgs, ServeArgs,
-    TokenizeCommand, TokenizeTrainArgs, TrainArgs, TranslateArgs,
+    AverageArgs, ComputeArg, DeviceArg, DtypeArg, EncodeArgs, EvalArgs, MetricName, PrepareArgs,
+    ServeArgs, TokenizeCommand, TokenizeTrainArgs, TrainArgs, TranslateArgs,
 };
 use crate::data::corpus::{read_corpus, Corpus, LineReader};
 use crate::data::store::Filters;
@@ -12,6 +12,7 @@ use crate::eval::bleu::Bleu;
 use crate::eval::chrf::Chrf;
 use crate::eval::tokenizers::py_rstrip;
 use crate::eval::{paired_bootstrap, Bootstrap, Metric};
+use crate::ops::packed::ComputeType;
 use crate::train::config::{CorpusConfig, TrainConfig};
 use crate::train::{Outcome, TrainJob};
 use anyhow::{bail, Context, Result};
@@ -148,10 +149,11 @@ fn read_hypotheses(path: Option<&Path>) -> Result<Corpus> {
 
 /// Translates a whole file with a model (`nmt eval --model --src`).
 fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
-    let (device, dtype) = select_device(args.device, args.dtype)?;
+    let (device, dtype, compute) = select_compute(args.device, args.dtype, args.compute_type)?;
     let beam = args.beam;
     let source = read_corpus(src)?;
-    let loaded = crate::checkpoint::load(&crate::checkpoint::resolve(model)?, &device, dtype)?;
+    let loaded =
+        crate::checkpoint::load_as(&crate::checkpoint::resolve(model)?, &device, dtype, compute)?;
     let opts = crate::translate::SearchOptions {
         beam: beam.max(1),
         ..Default::default()
@@ -328,6 +330,26 @@ fn single_stream(device: Device) -> Device {
 }
 
 /// The device and dtype a user asked for.
+/// Device, dtype and compute type for decoding with a loaded model: int8 runs on the CPU
+/// from f32 weights, and says so when other flags ask for something else.
+fn select_compute(
+    device: DeviceArg,
+    dtype: DtypeArg,
+    compute: ComputeArg,
+) -> Result<(Device, DType, ComputeType)> {
+    if compute == ComputeArg::Float32 {
+        let (device, dtype) = select_device(device, dtype)?;
+        return Ok((device, dtype, ComputeType::Float32));
+    }
+    if device == DeviceArg::Cuda {
+        bail!("--compute-type int8 runs on the CPU; on CUDA use --dtype bf16 or f16 instead");
+    }
+    if dtype != DtypeArg::F32 {
+        bail!("--compute-type int8 quantizes f32 weights on the CPU; it cannot be combined with --dtype bf16 or f16");
+    }
+    Ok((Device::Cpu, DType::F32, ComputeType::Int8))
+}
+
 pub fn select_device(device: DeviceArg, dtype: DtypeArg) -> Result<(Device, DType)> {
     let device = match device {
         DeviceArg::Cpu => Device::Cpu,
@@ -517,9 +539,9 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
     if !aligning && (args.alignment_layer.is_some() || args.alignment_head.is_some()) {
         bail!("--alignment-layer and --alignment-head need --alignment or --attention-png");
     }
-    let (device, dtype) = select_device(args.device, args.dtype)?;
+    let (device, dtype, compute) = select_compute(args.device, args.dtype, args.compute_type)?;
     let dir = crate::checkpoint::resolve(&args.model)?;
-    let model = crate::checkpoint::load(&dir, &device, dtype)?;
+    let model = crate::checkpoint::load_as(&dir, &device, dtype, compute)?;
     let alignment = aligning
         .then(|| attention_source(&args, &model.model.config))
         .transpose()?;
@@ -622,7 +644,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if args.workers == Some(0) {
         bail!("--workers must be at least 1");
     }
-    let (device, dtype) = select_device(args.device, args.dtype)?;
+    let (device, dtype, compute) = select_compute(args.device, args.dtype, args.compute_type)?;
     let mut models = Vec::new();
     for spec in &args.models {
         let parsed = spec
@@ -637,7 +659,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             bail!("--model {spec}: {source}-{target} is given twice");
         }
         let dir = crate::checkpoint::resolve(model).with_context(|| format!("--model {spec}"))?;
-        let loaded = crate::checkpoint::load(&dir, &device, dtype)
+        let loaded = crate::checkpoint::load_as(&dir, &device, dtype, compute)
             .with_context(|| format!("--model {spec}"))?;
         eprintln!("{source}-{target}: {}", dir.display());
         models.push((pair, loaded));

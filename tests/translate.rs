@@ -294,3 +294,46 @@ fn greedy_scores_are_log_probabilities_as_in_beam_search() {
         assert_eq!(line, format!("{text}\t{score:.6}"));
     }
 }
+
+/// `--compute-type int8` (weights and inputs of every linear layer quantized): the same output
+/// on every run, and the float32 model's translations with scores close to its own.
+#[test]
+fn int8_translations_are_stable_and_close_to_float32() {
+    let model = toy();
+    let sources = std::fs::read(model.join("sources.txt")).unwrap();
+    let run = |ct: &str| -> Vec<(String, f64)> {
+        nmt_ok(
+            &[
+                "translate",
+                "--model",
+                s(&model),
+                "--beam",
+                "5",
+                "--scores",
+                "--compute-type",
+                ct,
+            ],
+            &sources,
+        )
+        .lines()
+        .map(|l| {
+            let (text, score) = l.rsplit_once('\t').unwrap();
+            (text.to_string(), score.parse().unwrap())
+        })
+        .collect()
+    };
+    let (f32s, int8) = (run("float32"), run("int8"));
+    assert_eq!(int8, run("int8"), "int8 output changed between runs");
+    let same: Vec<_> = f32s.iter().zip(&int8).filter(|(a, b)| a.0 == b.0).collect();
+    assert!(
+        same.len() * 10 >= f32s.len() * 9,
+        "only {}/{} lines equal float32's",
+        same.len(),
+        f32s.len()
+    );
+    for (a, b) in &same {
+        assert!((a.1 - b.1).abs() < 0.05, "{a:?} vs {b:?}");
+    }
+    // The scores show that the quantized layers ran.
+    assert!(same.iter().any(|(a, b)| a.1 != b.1));
+}

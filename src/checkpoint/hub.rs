@@ -7,6 +7,7 @@ use crate::data::opus;
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::model::weights::Weights;
 use crate::model::{ModelConfig, Seq2Seq};
+use crate::ops::packed::ComputeType;
 use anyhow::{anyhow, bail, Result};
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
@@ -141,8 +142,21 @@ fn from_hub(spec: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("{spec}: empty repo"))
 }
 
-/// Loads model and tokenizer from a resolved folder.
+/// Loads model and tokenizer from a resolved folder, its linear layers in f32.
 pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<LoadedModel> {
+    load_as(dir, device, dtype, ComputeType::Float32)
+}
+
+/// Loads model and tokenizer from a resolved folder, its linear layers computing as `compute`.
+pub fn load_as(
+    dir: &Path,
+    device: &Device,
+    dtype: DType,
+    compute: ComputeType,
+) -> Result<LoadedModel> {
+    if compute == ComputeType::Int8 && (!device.is_cpu() || dtype != DType::F32) {
+        bail!("int8 computes on the CPU from f32 weights, not on {device:?} in {dtype:?}");
+    }
     let config = ModelConfig::load(&dir.join("config.json"))?;
     let tokenizer = SubwordTokenizer::load_dir(dir)?;
     if tokenizer.vocab_size() != config.vocab_size {
@@ -154,7 +168,7 @@ pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<LoadedModel> {
             config.vocab_size
         );
     }
-    let weights = Weights::load(&weights_file(dir), device, dtype)?;
+    let weights = Weights::load(&weights_file(dir), device, dtype)?.computing(compute);
     let model = Seq2Seq::new(&config, &weights)?;
     Ok(LoadedModel {
         model,

@@ -9,4 +9,4 @@ pub mod hub;
 
 pub use average::average;
 pub use folder::{list_checkpoints, point, Checkpoint, TrainerState};
-pub use hub::{load, resolve, LoadedModel};
+pub use hub::{load, load_as, resolve, LoadedModel};

@@ -42,7 +42,7 @@ impl Attention {
             Some(Linear::from_tensors(
                 stack(|l| &l.weight)?,
                 stack(|l| &l.bias)?,
-                true,
+                w.packing(),
             ))
         } else {
             None

@@ -10,6 +10,7 @@ pub mod config;
 pub mod weights;
 
 use crate::ops;
+use crate::ops::packed::ComputeType;
 use crate::rng::Rng;
 use anyhow::Result;
 pub use attention::Attention;
@@ -82,7 +83,8 @@ pub struct Linear {
     weight: Tensor,
     bias: Tensor,
     /// Weights loaded from a file never change: they are packed once, on first use, for the
-    /// inference kernel (`None` inside where it cannot run). Trainable ones are not.
+    /// inference kernel of the model's compute type (`None` inside where it cannot run).
+    /// Trainable ones are not.
     packed: Option<ops::packed::PackedCell>,
 }
 
@@ -95,15 +97,16 @@ impl Linear {
                 Init::XavierUniform,
             )?,
             w.get(&format!("{name}.bias"), &[d_out], Init::Zeros)?,
-            w.is_loaded(),
+            w.packing(),
         ))
     }
 
-    fn from_tensors(weight: Tensor, bias: Tensor, fixed: bool) -> Self {
+    /// `packing`: how a loaded layer computes; `None` for trainable weights.
+    fn from_tensors(weight: Tensor, bias: Tensor, packing: Option<ComputeType>) -> Self {
         Self {
             weight,
             bias,
-            packed: fixed.then(ops::packed::PackedCell::default),
+            packed: packing.map(ops::packed::PackedCell::new),
         }
     }
 
@@ -115,7 +118,7 @@ impl Linear {
         Ok(Self::from_tensors(
             Tensor::cat(&weights, 0)?,
             Tensor::cat(&biases, 0)?,
-            false,
+            None,
         ))
     }
 
@@ -333,7 +336,7 @@ impl Seq2Seq {
             output: Linear::from_tensors(
                 shared.clone(),
                 final_logits_bias.flatten_all()?,
-                w.is_loaded(),
+                w.packing(),
             ),
             final_logits_bias,
             positions: sinusoidal_positions(config.max_position_embeddings, d, w.device())?

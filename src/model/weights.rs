@@ -2,6 +2,7 @@
 //! deterministic initialisation into trainable variables. The VarBuilder-style path of each
 //! tensor *is* its name in `model.safetensors`.
 
+use crate::ops::packed::ComputeType;
 use crate::rng::Rng;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -41,6 +42,8 @@ pub struct Weights {
     source: Source,
     device: Device,
     dtype: DType,
+    /// How loaded linear layers compute.
+    compute: ComputeType,
 }
 
 /// Other names under which transformers may have saved the tied embedding.
@@ -86,6 +89,7 @@ impl Weights {
             },
             device: device.clone(),
             dtype,
+            compute: ComputeType::Float32,
         })
     }
 
@@ -98,6 +102,7 @@ impl Weights {
             },
             device: device.clone(),
             dtype,
+            compute: ComputeType::Float32,
         }
     }
 
@@ -112,6 +117,7 @@ impl Weights {
             },
             device: device.clone(),
             dtype,
+            compute: ComputeType::Float32,
         }
     }
 
@@ -128,7 +134,19 @@ impl Weights {
             },
             device: device.clone(),
             dtype,
+            compute: ComputeType::Float32,
         })
+    }
+
+    /// The same weights, their linear layers computing as `compute`.
+    pub fn computing(self, compute: ComputeType) -> Self {
+        Self { compute, ..self }
+    }
+
+    /// How a linear layer made from these weights computes: `None` for trainable variables,
+    /// which change at every step and keep the general product.
+    pub fn packing(&self) -> Option<ComputeType> {
+        self.is_loaded().then_some(self.compute)
     }
 
     /// Whether the tensors come from a file (fixed for the model's lifetime) rather than

@@ -11,6 +11,7 @@ pub mod cross_entropy;
 pub mod cuda;
 pub mod dropout;
 pub mod embedding;
+pub mod int8;
 pub mod layer_norm;
 pub mod linear;
 pub mod packed;

@@ -6,9 +6,11 @@
 //! kernel multiplies up to [`TILE_ROWS`] rows by one panel at a time with the panel in cache.
 //! Elsewhere (no AVX-512, other architectures) [`Packed::new`] returns `None` and callers use
 //! the general path. It owns only the packed copies: trainable weights, which change at every
-//! step, must not be packed (`Linear` packs only weights loaded from a file).
+//! step, must not be packed (`Linear` packs only weights loaded from a file). With
+//! [`ComputeType::Int8`] the cell holds the layer quantized to int8 instead ([`super::int8`]).
 
 use super::cpu::{has_avx512, OutPtr};
+use super::int8::{self, Int8Linear};
 use super::slice;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -19,14 +21,40 @@ const PANEL: usize = 32;
 /// Rows per kernel call: 2 × 8 accumulators of 16 lanes.
 const TILE_ROWS: usize = 8;
 
+/// How the linear layers of a loaded model compute (`--compute-type`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ComputeType {
+    /// In f32, through the packed AVX-512 kernel where it runs, else the general product.
+    #[default]
+    Float32,
+    /// Weights and inputs quantized to int8 ([`super::int8`]); CPU only.
+    Int8,
+}
+
 /// A loaded layer's packed weights, made on its first use where the kernel runs.
 #[derive(Default)]
-pub struct PackedCell(OnceLock<Option<Packed>>);
+pub struct PackedCell {
+    compute: ComputeType,
+    packed: OnceLock<Option<Kernel>>,
+}
+
+/// A layer's weights in the form its kernel reads.
+enum Kernel {
+    F32(Packed),
+    Int8(Int8Linear),
+}
 
 impl PackedCell {
+    pub fn new(compute: ComputeType) -> Self {
+        Self {
+            compute,
+            packed: OnceLock::new(),
+        }
+    }
+
     /// `x` (..., in) times `weight` (out, in) transposed plus `bias`, then ReLU when `relu`,
-    /// through the packed kernel; `None` where it does not run (another device or dtype, no
-    /// AVX-512), and the caller takes the general path.
+    /// through the packed or int8 kernel; `None` where no such kernel runs (another device or
+    /// dtype, f32 without AVX-512), and the caller takes the general path.
     pub fn forward(
         &self,
         x: &Tensor,
@@ -37,17 +65,33 @@ impl PackedCell {
         if x.dtype() != DType::F32 || !x.device().is_cpu() {
             return Ok(None);
         }
-        if self.0.get().is_none() {
-            let _ = self.0.set(Packed::new(weight, bias)?);
+        if self.packed.get().is_none() {
+            let kernel = match self.compute {
+                ComputeType::Float32 => Packed::new(weight, bias)?.map(Kernel::F32),
+                ComputeType::Int8 => Some(Kernel::Int8(Int8Linear::new(
+                    weight,
+                    bias,
+                    int8::Kernel::best(),
+                )?)),
+            };
+            let _ = self.packed.set(kernel);
         }
-        let Some(p) = self.0.get().and_then(Option::as_ref) else {
+        let Some(kernel) = self.packed.get().and_then(Option::as_ref) else {
             return Ok(None);
         };
         let mut dims = x.dims().to_vec();
-        let y = p.forward(&x.reshape(((), dims[dims.len() - 1]))?, relu)?;
+        let x2 = x.reshape(((), dims[dims.len() - 1]))?;
+        let (y, n_out) = match kernel {
+            Kernel::F32(p) => (p.forward(&x2, relu)?, p.n_out),
+            Kernel::Int8(q) => {
+                let y = q.forward(&x2, relu)?;
+                let n = y.dim(1)?;
+                (y, n)
+            }
+        };
         *dims
             .last_mut()
-            .expect("a linear layer's input has dimensions") = p.n_out;
+            .expect("a linear layer's input has dimensions") = n_out;
         Ok(Some(y.reshape(dims)?))
     }
 }

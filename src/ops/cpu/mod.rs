@@ -1,4 +1,4 @@
-//! CPU building blocks of the ops: AVX-512 dispatch (`wide`), lane-parallel reductions and
+//! CPU building blocks of the ops: AVX-512/AVX2 dispatch (`wide`), lane-parallel reductions and
 //! the exponential, and a shared output pointer for parallel writers. Matrix products are in
 //! `matmul`.
 
@@ -20,10 +20,22 @@ pub(crate) fn has_avx512() -> bool {
     }
 }
 
-/// Runs `f` inside a function compiled for AVX-512 where the CPU has it, so that the loops
-/// inlined into it vectorise 16 lanes wide rather than the baseline x86-64 target's 4. Results
-/// are the same either way: element-wise arithmetic is unchanged (no fused multiply-add is
-/// formed) and the reductions keep their `LANES` partial sums.
+/// Whether this CPU has AVX2 and FMA (every x86-64 CPU since Haswell and Zen 1).
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Runs `f` inside a function compiled for AVX-512 where the CPU has it, else for AVX2, so
+/// that the loops inlined into it vectorise 16 (or 8) lanes wide rather than the baseline
+/// x86-64 target's 4. Results are the same either way: element-wise arithmetic is unchanged
+/// (no fused multiply-add is formed) and the reductions keep their `LANES` partial sums.
 #[inline(always)]
 pub fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -32,9 +44,17 @@ pub fn wide<R>(f: impl FnOnce() -> R) -> R {
         unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn run_avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
         if has_avx512() {
             // SAFETY: the CPU supports the enabled feature.
             return unsafe { run(f) };
+        }
+        if has_avx2() {
+            // SAFETY: the CPU supports the enabled features.
+            return unsafe { run_avx2(f) };
         }
     }
     f()

@@ -1,0 +1,566 @@
+//! Linear layers in int8, for inference (`--compute-type int8`), in CTranslate2's scheme: each
+//! weight row (one output) is quantized once to int8 with its own scale, max |w| / 127; each
+//! input row is quantized when the layer runs, with its own scale; the products are summed
+//! exactly in i32 and scaled back to f32, and the bias is added.
+//!
+//! Two kernels give the same integers, so the same outputs bit for bit:
+//! - AVX-512 VNNI (Ice Lake and later Xeons, Zen 4): `vpdpbusd` multiplies unsigned by signed
+//!   bytes four at a time into i32 lanes. Inputs are stored shifted by +128 (as unsigned
+//!   bytes) and the shift's share, 128 · Σₖ w, is subtracted per output. Weights are packed
+//!   once into panels of [`PANEL`] outputs × 4 inputs per 64-byte row pair, as the instruction
+//!   reads them, and [`TILE_ROWS`] input rows are multiplied by one panel at a time.
+//! - Everywhere else, a plain i8 dot product per (row, output), which the compiler vectorises
+//!   (`vpmaddwd`) as wide as the CPU allows, chosen at run time by [`super::cpu::wide`].
+
+use super::cpu::OutPtr;
+use super::slice;
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Outputs per VNNI panel: two 16-lane i32 registers.
+const PANEL: usize = 32;
+/// Input rows per VNNI kernel call: 2 × 8 accumulators.
+const TILE_ROWS: usize = 8;
+
+/// Whether this CPU has the AVX-512 VNNI kernel's instructions.
+pub(crate) fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::cpu::has_avx512() && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Which kernel multiplies: the VNNI one where the CPU has it, or the portable one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    Vnni,
+    Portable,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn best() -> Self {
+        if has_vnni() {
+            Self::Vnni
+        } else {
+            Self::Portable
+        }
+    }
+}
+
+/// A weight (out, in) and its bias, quantized for [`Int8Linear::forward`].
+pub struct Int8Linear {
+    n_out: usize,
+    k: usize,
+    kernel: Kernel,
+    /// Vnni: panel p holds outputs p·PANEL.. as `[k/4][PANEL][4]` (k padded to a multiple of
+    /// 4, outputs past `n_out` zero). Portable: the rows `[n_out][k]`.
+    weights: Vec<i8>,
+    /// Per output: the weight scale and, for Vnni, 128 · Σₖ w (zero-padded to whole panels).
+    scales: Vec<f32>,
+    shift: Vec<i32>,
+    bias: Vec<f32>,
+}
+
+/// Quantizes `x` to int8 with the scale max |x| / 127 (1 for an all-zero row), rounding to
+/// nearest, ties to even; writes `q.len()` values (past `x.len()` zeros) and returns the scale.
+/// Plain arithmetic, so that it vectorises at any target: adding and subtracting 1.5 · 2²³
+/// rounds a float below 2²² to an integer in the default rounding mode.
+#[inline(always)]
+fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
+    const ROUND: f32 = 12_582_912.0;
+    let amax = super::cpu::lanes_fold(x, 0.0, |m, v| m.max(v.abs()))
+        .into_iter()
+        .fold(0f32, f32::max);
+    if amax == 0.0 || !amax.is_finite() {
+        q.fill(0);
+        // A non-finite input has no scale that represents it: let it show in the output.
+        return if amax == 0.0 { 1.0 } else { amax };
+    }
+    let inv = 127.0 / amax;
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = ((v * inv + ROUND) - ROUND).clamp(-127.0, 127.0) as i8;
+    }
+    q[x.len()..].fill(0);
+    amax / 127.0
+}
+
+impl Int8Linear {
+    /// Quantizes `weight` (out, in) and keeps `bias` (out, or 1×out), both CPU f32, for
+    /// `kernel`.
+    pub fn new(weight: &Tensor, bias: &Tensor, kernel: Kernel) -> Result<Self> {
+        let (n_out, k) = weight.dims2()?;
+        let w = weight.flatten_all()?.to_vec1::<f32>()?;
+        let b = bias.flatten_all()?.to_vec1::<f32>()?;
+        if b.len() != n_out {
+            candle_core::bail!("int8 linear: bias of {} for {n_out} outputs", b.len());
+        }
+        let mut rows = vec![0i8; n_out * k];
+        let mut scales: Vec<f32> = rows
+            .par_chunks_mut(k.max(1))
+            .zip(w.par_chunks(k.max(1)))
+            .map(|(q, w)| quantize_row(w, q))
+            .collect();
+        scales.truncate(n_out);
+        let (weights, shift, padded) = match kernel {
+            Kernel::Portable => (rows, Vec::new(), n_out),
+            Kernel::Vnni => {
+                let k4 = k.div_ceil(4);
+                let n_panels = n_out.div_ceil(PANEL);
+                let mut panels = vec![0i8; n_panels * k4 * PANEL * 4];
+                panels
+                    .par_chunks_mut(k4 * PANEL * 4)
+                    .enumerate()
+                    .for_each(|(p, panel)| {
+                        for j in 0..PANEL.min(n_out - p * PANEL) {
+                            let row = &rows[(p * PANEL + j) * k..(p * PANEL + j + 1) * k];
+                            for (kk, &v) in row.iter().enumerate() {
+                                panel[(kk / 4) * PANEL * 4 + j * 4 + kk % 4] = v;
+                            }
+                        }
+                    });
+                let mut shift: Vec<i32> = rows
+                    .chunks(k.max(1))
+                    .take(n_out)
+                    .map(|r| 128 * r.iter().map(|&v| v as i32).sum::<i32>())
+                    .collect();
+                shift.resize(n_panels * PANEL, 0);
+                (panels, shift, n_panels * PANEL)
+            }
+        };
+        scales.resize(padded, 0.0);
+        let mut bias = b;
+        bias.resize(padded, 0.0);
+        Ok(Self {
+            n_out,
+            k,
+            kernel,
+            weights,
+            scales,
+            shift,
+            bias,
+        })
+    }
+
+    /// x (N, in) → x Wᵀ + b (N, out), then ReLU when `relu`. No gradient.
+    pub fn forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
+        x.contiguous()?.apply_op1_no_bwd(&Int8Op { w: self, relu })
+    }
+
+    /// y (rows × n_out, row-major) from x (rows × k); writes every element of y.
+    fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool) {
+        let rows = x.len() / self.k.max(1);
+        assert_eq!(y.len(), rows * self.n_out);
+        let stride = match self.kernel {
+            Kernel::Vnni => self.k.div_ceil(4) * 4,
+            Kernel::Portable => self.k,
+        };
+        let mut xq = vec![0i8; rows * stride];
+        let mut xs = vec![0f32; rows];
+        quantize_rows(x, self.k, &mut xq, &mut xs);
+        let out = OutPtr(y.as_mut_ptr().cast::<f32>());
+        let q = Quantized {
+            x: &xq,
+            scales: &xs,
+            rows,
+            stride,
+        };
+        let parallel = rows * self.n_out * self.k >= 1 << 18;
+        match self.kernel {
+            Kernel::Vnni => {
+                let panel = |p: usize| {
+                    // SAFETY: a Vnni layer is only built where `has_vnni()` holds; panel p
+                    // writes only columns p·PANEL.. of y, disjoint from every other panel's.
+                    unsafe { self.panel_rows(p, &q, &out, relu) }
+                };
+                let n_panels = self.n_out.div_ceil(PANEL);
+                if parallel {
+                    (0..n_panels).into_par_iter().for_each(panel);
+                } else {
+                    (0..n_panels).for_each(panel);
+                }
+            }
+            Kernel::Portable => {
+                const COLS: usize = 16;
+                let block = |c: usize| {
+                    let cols = c * COLS..((c + 1) * COLS).min(self.n_out);
+                    widest!(portable_block(self, cols, &q, &out, relu));
+                };
+                let n_blocks = self.n_out.div_ceil(COLS);
+                if parallel {
+                    (0..n_blocks).into_par_iter().for_each(block);
+                } else {
+                    (0..n_blocks).for_each(block);
+                }
+            }
+        }
+    }
+
+    /// All rows times panel `p`, TILE_ROWS rows at a time.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn panel_rows(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
+        let k4 = self.k.div_ceil(4);
+        let mut r0 = 0;
+        while r0 < q.rows {
+            let n = TILE_ROWS.min(q.rows - r0);
+            let t = Tile {
+                k4,
+                x: q.x.as_ptr().add(r0 * q.stride),
+                x_stride: q.stride,
+                x_scales: q.scales.as_ptr().add(r0),
+                panel: self.weights.as_ptr().add(p * k4 * PANEL * 4),
+                scales: self.scales.as_ptr().add(p * PANEL),
+                shift: self.shift.as_ptr().add(p * PANEL),
+                bias: self.bias.as_ptr().add(p * PANEL),
+                y: out.at(r0 * self.n_out + p * PANEL),
+                y_stride: self.n_out,
+                cols: PANEL.min(self.n_out - p * PANEL),
+                relu,
+            };
+            match n {
+                8 => tile::<8>(&t),
+                7 => tile::<7>(&t),
+                6 => tile::<6>(&t),
+                5 => tile::<5>(&t),
+                4 => tile::<4>(&t),
+                3 => tile::<3>(&t),
+                2 => tile::<2>(&t),
+                _ => tile::<1>(&t),
+            }
+            r0 += n;
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn panel_rows(&self, _: usize, _: &Quantized, _: &OutPtr, _: bool) {
+        unreachable!("Vnni layers are only built where the kernel runs")
+    }
+}
+
+/// Calls `f(args)` compiled for AVX-512 where the CPU has it, else for AVX2, else for the
+/// baseline: the integer and rounding loops of this file vectorise as wide as the CPU allows.
+/// (A function, unlike a closure handed to [`super::cpu::wide`], is surely compiled inside.)
+macro_rules! widest {
+    ($f:ident($($a:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::cpu::has_avx512() {
+                #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
+                unsafe fn avx512(f: impl FnOnce()) { f() }
+                // SAFETY: the CPU has the enabled features.
+                unsafe { avx512(#[inline(always)] || $f($($a),*)) }
+            } else if super::cpu::has_avx2() {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2(f: impl FnOnce()) { f() }
+                // SAFETY: the CPU has the enabled features.
+                unsafe { avx2(#[inline(always)] || $f($($a),*)) }
+            } else {
+                $f($($a),*)
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        $f($($a),*)
+    }};
+}
+use widest;
+
+/// Quantizes each row of `x` (rows of `k`) into a row of `q`, its scale into `scales`.
+#[inline(always)]
+fn quantize_rows(x: &[f32], k: usize, q: &mut [i8], scales: &mut [f32]) {
+    let stride = q.len() / scales.len().max(1);
+    for ((q, s), x) in q
+        .chunks_mut(stride.max(1))
+        .zip(scales)
+        .zip(x.chunks(k.max(1)))
+    {
+        #[cfg(target_arch = "x86_64")]
+        if super::cpu::has_avx512() {
+            // SAFETY: the CPU has AVX-512; q holds at least x.len() values.
+            *s = unsafe { quantize_row_avx512(x, q) };
+            continue;
+        }
+        *s = quantize_row(x, q);
+    }
+}
+
+/// [`quantize_row`] in AVX-512: the same values (conversion rounds to nearest even in the
+/// default rounding mode; the values are within ±127 already, so saturation changes none).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let tail = |i: usize| -> __mmask16 { ((1u32 << (n - i).min(16)) - 1) as __mmask16 };
+    let mut m = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let v = _mm512_maskz_loadu_ps(tail(i), x.as_ptr().add(i));
+        m = _mm512_max_ps(m, _mm512_abs_ps(v));
+        i += 16;
+    }
+    let amax = _mm512_reduce_max_ps(m);
+    if amax == 0.0 || !amax.is_finite() {
+        q.fill(0);
+        return if amax == 0.0 { 1.0 } else { amax };
+    }
+    let inv = _mm512_set1_ps(127.0 / amax);
+    let mut i = 0;
+    while i < n {
+        let v = _mm512_maskz_loadu_ps(tail(i), x.as_ptr().add(i));
+        let r = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
+        _mm512_mask_cvtsepi32_storeu_epi8(q.as_mut_ptr().add(i).cast(), tail(i), r);
+        i += 16;
+    }
+    q[n..].fill(0);
+    amax / 127.0
+}
+
+/// y[r][j] for every row r and the outputs `cols`, one i8 dot product each.
+#[inline(always)]
+fn portable_block(
+    w: &Int8Linear,
+    cols: std::ops::Range<usize>,
+    q: &Quantized,
+    out: &OutPtr,
+    relu: bool,
+) {
+    for j in cols {
+        let wr = &w.weights[j * w.k..(j + 1) * w.k];
+        for r in 0..q.rows {
+            let x = &q.x[r * q.stride..r * q.stride + w.k];
+            let acc: i32 = x.iter().zip(wr).map(|(&a, &b)| a as i32 * b as i32).sum();
+            let mut v = acc as f32 * (q.scales[r] * w.scales[j]) + w.bias[j];
+            if relu {
+                v = v.max(0.0);
+            }
+            // SAFETY: element (r, j) lies in y and only this block writes column j.
+            unsafe { *out.at(r * w.n_out + j) = v };
+        }
+    }
+}
+
+/// Input rows quantized for one product: `rows` rows of `stride` values, and their scales.
+/// For the VNNI kernel the values are stored as unsigned bytes shifted by +128.
+struct Quantized<'a> {
+    x: &'a [i8],
+    scales: &'a [f32],
+    rows: usize,
+    stride: usize,
+}
+
+/// One VNNI kernel call: R rows of x times one panel.
+struct Tile {
+    k4: usize,
+    x: *const i8,
+    x_stride: usize,
+    x_scales: *const f32,
+    panel: *const i8,
+    scales: *const f32,
+    shift: *const i32,
+    bias: *const f32,
+    y: *mut f32,
+    y_stride: usize,
+    cols: usize,
+    relu: bool,
+}
+
+/// y[r][0..cols] = (Σₖ (x[r][k] + 128) · w[k] − 128 · Σₖ w[k]) · (sₓ[r] · s_w) + b for R rows,
+/// then ReLU when asked: the portable kernel's integers, scaled in its order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const R: usize>(t: &Tile) {
+    use std::arch::x86_64::*;
+    let mut lo = [_mm512_setzero_si512(); R];
+    let mut hi = [_mm512_setzero_si512(); R];
+    // Inputs as unsigned bytes: flipping the sign bit adds 128.
+    let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
+    for g in 0..t.k4 {
+        let w0 = _mm512_loadu_si512(t.panel.add(g * PANEL * 4).cast());
+        let w1 = _mm512_loadu_si512(t.panel.add(g * PANEL * 4 + 64).cast());
+        for r in 0..R {
+            let four =
+                t.x.add(r * t.x_stride + g * 4)
+                    .cast::<i32>()
+                    .read_unaligned();
+            let xv = _mm512_xor_si512(_mm512_set1_epi32(four), flip);
+            lo[r] = _mm512_dpbusd_epi32(lo[r], xv, w0);
+            hi[r] = _mm512_dpbusd_epi32(hi[r], xv, w1);
+        }
+    }
+    let (s0, s1) = (_mm512_loadu_ps(t.scales), _mm512_loadu_ps(t.scales.add(16)));
+    let (c0, c1) = (
+        _mm512_loadu_si512(t.shift.cast()),
+        _mm512_loadu_si512(t.shift.add(16).cast()),
+    );
+    let (b0, b1) = (_mm512_loadu_ps(t.bias), _mm512_loadu_ps(t.bias.add(16)));
+    let zero = _mm512_setzero_ps();
+    let mask = |n: usize| -> __mmask16 {
+        match n {
+            0 => 0,
+            1..=15 => (1u16 << n) - 1,
+            _ => 0xffff,
+        }
+    };
+    let (m0, m1) = (mask(t.cols), mask(t.cols.saturating_sub(16)));
+    for r in 0..R {
+        let sx = _mm512_set1_ps(*t.x_scales.add(r));
+        let f0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo[r], c0));
+        let f1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi[r], c1));
+        let mut v0 = _mm512_add_ps(_mm512_mul_ps(f0, _mm512_mul_ps(sx, s0)), b0);
+        let mut v1 = _mm512_add_ps(_mm512_mul_ps(f1, _mm512_mul_ps(sx, s1)), b1);
+        if t.relu {
+            v0 = _mm512_max_ps(v0, zero);
+            v1 = _mm512_max_ps(v1, zero);
+        }
+        let row = t.y.add(r * t.y_stride);
+        _mm512_mask_storeu_ps(row, m0, v0);
+        _mm512_mask_storeu_ps(row.add(16), m1, v1);
+    }
+}
+
+struct Int8Op<'a> {
+    w: &'a Int8Linear,
+    relu: bool,
+}
+
+impl CustomOp1 for Int8Op<'_> {
+    fn name(&self) -> &'static str {
+        "nmt-int8-linear"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = slice(s, l)?;
+        let k = self.w.k;
+        if l.dims().last() != Some(&k) {
+            candle_core::bail!("int8 linear: input {:?}, weight in {k}", l.dims());
+        }
+        let rows = x.len() / k.max(1);
+        let n = rows * self.w.n_out;
+        let mut y: Vec<f32> = Vec::with_capacity(n);
+        self.w.run(x, y.spare_capacity_mut(), self.relu);
+        // SAFETY: `run` wrote all rows × n_out elements.
+        unsafe { y.set_len(n) };
+        Ok((CpuStorage::F32(y), Shape::from((rows, self.w.n_out))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn randn(shape: (usize, usize), seed: u64) -> Tensor {
+        let mut rng = crate::rng::Rng::new(seed);
+        let v: Vec<f32> = (0..shape.0 * shape.1)
+            .map(|_| crate::model::weights::normal(&mut rng) as f32)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// The int8 product against the exact one, computed in f64, within the bound that
+    /// per-row quantization guarantees: rounding moves each x by at most sₓ/2 and each w by
+    /// at most s_w/2, so |y − ŷ| ≤ Σₖ (|x|·s_w/2 + |w|·sₓ/2 + sₓ·s_w/4), plus f32 rounding.
+    #[test]
+    fn int8_product_is_within_the_quantization_bound_of_the_exact_product() {
+        for &(rows, n_out, k) in &[(1, 5, 3), (7, 33, 16), (9, 64, 256), (21, 100, 41)] {
+            let x = randn((rows, k), 1);
+            let w = randn((n_out, k), 2);
+            let b = randn((1, n_out), 3);
+            let (xv, wv, bv) = (
+                x.to_vec2::<f32>().unwrap(),
+                w.to_vec2::<f32>().unwrap(),
+                b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            let amax = |v: &[f32]| v.iter().fold(0f64, |m, a| m.max(a.abs() as f64));
+            for kernel in [Kernel::Portable, Kernel::best()] {
+                let layer = Int8Linear::new(&w, &b, kernel).unwrap();
+                let got = layer.forward(&x, false).unwrap().to_vec2::<f32>().unwrap();
+                for r in 0..rows {
+                    let sx = amax(&xv[r]) / 127.0;
+                    for j in 0..n_out {
+                        let sw = amax(&wv[j]) / 127.0;
+                        let (mut exact, mut bound) = (bv[j] as f64, 0f64);
+                        for kk in 0..k {
+                            let (a, c) = (xv[r][kk] as f64, wv[j][kk] as f64);
+                            exact += a * c;
+                            bound += a.abs() * sw / 2.0 + c.abs() * sx / 2.0 + sx * sw / 4.0;
+                        }
+                        let err = (got[r][j] as f64 - exact).abs();
+                        assert!(
+                            err <= bound + 1e-4 * (1.0 + exact.abs()),
+                            "{kernel:?} {rows}×{k}·{k}×{n_out} at ({r},{j}): {} vs {exact}, \
+                             error {err} > bound {bound}",
+                            got[r][j]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Both kernels sum the same integers and scale them in the same order: equal outputs.
+    #[test]
+    fn the_vnni_kernel_equals_the_portable_one_bit_for_bit() {
+        if !has_vnni() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI, only the portable kernel runs");
+            return;
+        }
+        for &(rows, n_out, k) in &[(1, 5, 3), (8, 32, 256), (13, 70, 1024), (64, 31, 9)] {
+            let x = randn((rows, k), 4);
+            let w = randn((n_out, k), 5);
+            let b = randn((1, n_out), 6);
+            for relu in [false, true] {
+                let f = |kernel| {
+                    Int8Linear::new(&w, &b, kernel)
+                        .unwrap()
+                        .forward(&x, relu)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                };
+                let (a, b) = (f(Kernel::Vnni), f(Kernel::Portable));
+                assert!(
+                    a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{rows}×{k}·{k}×{n_out} relu {relu}"
+                );
+                if relu {
+                    assert!(a.iter().all(|&v| v >= 0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quantization_in_avx512_equals_the_portable_loop() {
+        #[cfg(target_arch = "x86_64")]
+        if super::super::cpu::has_avx512() {
+            for (n, pad) in [(1, 3), (16, 0), (37, 3), (256, 0)] {
+                let x = randn((1, n), n as u64).flatten_all().unwrap();
+                let x = x.to_vec1::<f32>().unwrap();
+                let (mut a, mut b) = (vec![1i8; n + pad], vec![1i8; n + pad]);
+                let sa = quantize_row(&x, &mut a);
+                // SAFETY: the CPU has AVX-512; b holds n + pad values.
+                let sb = unsafe { quantize_row_avx512(&x, &mut b) };
+                assert_eq!((sa, &a), (sb, &b), "{n} values");
+            }
+            return;
+        }
+        eprintln!("skipped: this CPU has no AVX-512, only the portable quantization runs");
+    }
+
+    #[test]
+    fn quantization_rounds_to_the_nearest_step_and_keeps_zero_rows() {
+        let mut q = [0i8; 6];
+        let s = quantize_row(&[127.0, -63.5, 62.5, 0.4], &mut q);
+        assert_eq!(s, 1.0);
+        assert_eq!(q, [127, -64, 62, 0, 0, 0]); // ties to even; padding zero
+        assert_eq!(quantize_row(&[0.0, 0.0], &mut q[..2]), 1.0);
+        assert_eq!(q[..2], [0, 0]);
+    }
+}
