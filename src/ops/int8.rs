@@ -8,19 +8,14 @@
 //!   bytes four at a time into i32 lanes. Inputs are stored shifted by +128 (as unsigned
 //!   bytes) and the shift's share, 128 · Σₖ w, is subtracted per output. Weights are packed
 //!   once into panels of [`PANEL`] outputs × 4 inputs per 64-byte row pair, as the instruction
-//!   reads them, and [`TILE_ROWS`] input rows are multiplied by one panel at a time.
+//!   reads them, and [`panels::TILE_ROWS`] input rows are multiplied by one panel at a time.
 //! - Everywhere else, a plain i8 dot product per (row, output), which the compiler vectorises
 //!   (`vpmaddwd`) as wide as the CPU allows, chosen at run time by [`super::cpu::wide`].
 
+use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
 use super::cpu::OutPtr;
-use super::slice;
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use candle_core::{Result, Tensor};
 use rayon::prelude::*;
-
-/// Outputs per VNNI panel: two 16-lane i32 registers.
-const PANEL: usize = 32;
-/// Input rows per VNNI kernel call: 2 × 8 accumulators.
-const TILE_ROWS: usize = 8;
 
 /// Whether this CPU has the AVX-512 VNNI kernel's instructions.
 pub(crate) fn has_vnni() -> bool {
@@ -109,20 +104,8 @@ impl Int8Linear {
         let (weights, shift, padded) = match kernel {
             Kernel::Portable => (rows, Vec::new(), n_out),
             Kernel::Vnni => {
-                let k4 = k.div_ceil(4);
                 let n_panels = n_out.div_ceil(PANEL);
-                let mut panels = vec![0i8; n_panels * k4 * PANEL * 4];
-                panels
-                    .par_chunks_mut(k4 * PANEL * 4)
-                    .enumerate()
-                    .for_each(|(p, panel)| {
-                        for j in 0..PANEL.min(n_out - p * PANEL) {
-                            let row = &rows[(p * PANEL + j) * k..(p * PANEL + j + 1) * k];
-                            for (kk, &v) in row.iter().enumerate() {
-                                panel[(kk / 4) * PANEL * 4 + j * 4 + kk % 4] = v;
-                            }
-                        }
-                    });
+                let panels = panels::pack(&rows, n_out, k, 4);
                 let mut shift: Vec<i32> = rows
                     .chunks(k.max(1))
                     .take(n_out)
@@ -146,12 +129,43 @@ impl Int8Linear {
         })
     }
 
-    /// x (N, in) → x Wᵀ + b (N, out), then ReLU when `relu`. No gradient.
-    pub fn forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        x.contiguous()?.apply_op1_no_bwd(&Int8Op { w: self, relu })
+    /// All rows times panel `p`, TILE_ROWS rows at a time.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn panel_rows(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
+        let k4 = self.k.div_ceil(4);
+        by_tiles!(q.rows, tile, |r0| Tile {
+            k4,
+            x: q.x.as_ptr().add(r0 * q.stride),
+            x_stride: q.stride,
+            x_scales: q.scales.as_ptr().add(r0),
+            panel: self.weights.as_ptr().add(p * k4 * PANEL * 4),
+            scales: self.scales.as_ptr().add(p * PANEL),
+            shift: self.shift.as_ptr().add(p * PANEL),
+            bias: self.bias.as_ptr().add(p * PANEL),
+            y: out.at(r0 * self.n_out + p * PANEL),
+            y_stride: self.n_out,
+            cols: PANEL.min(self.n_out - p * PANEL),
+            relu,
+        });
     }
 
-    /// y (rows × n_out, row-major) from x (rows × k); writes every element of y.
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn panel_rows(&self, _: usize, _: &Quantized, _: &OutPtr, _: bool) {
+        unreachable!("Vnni layers are only built where the kernel runs")
+    }
+}
+
+impl RowKernel for Int8Linear {
+    const NAME: &'static str = "nmt-int8-linear";
+
+    fn k(&self) -> usize {
+        self.k
+    }
+
+    fn n_out(&self) -> usize {
+        self.n_out
+    }
+
     fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool) {
         let rows = x.len() / self.k.max(1);
         assert_eq!(y.len(), rows * self.n_out);
@@ -169,75 +183,21 @@ impl Int8Linear {
             rows,
             stride,
         };
-        let parallel = rows * self.n_out * self.k >= 1 << 18;
+        let work = rows * self.n_out * self.k;
         match self.kernel {
-            Kernel::Vnni => {
-                let panel = |p: usize| {
-                    // SAFETY: a Vnni layer is only built where `has_vnni()` holds; panel p
-                    // writes only columns p·PANEL.. of y, disjoint from every other panel's.
-                    unsafe { self.panel_rows(p, &q, &out, relu) }
-                };
-                let n_panels = self.n_out.div_ceil(PANEL);
-                if parallel {
-                    (0..n_panels).into_par_iter().for_each(panel);
-                } else {
-                    (0..n_panels).for_each(panel);
-                }
-            }
+            Kernel::Vnni => panels::for_each_block(self.n_out.div_ceil(PANEL), work, |p| {
+                // SAFETY: a Vnni layer is only built where `has_vnni()` holds; panel p
+                // writes only columns p·PANEL.. of y, disjoint from every other panel's.
+                unsafe { self.panel_rows(p, &q, &out, relu) }
+            }),
             Kernel::Portable => {
                 const COLS: usize = 16;
-                let block = |c: usize| {
+                panels::for_each_block(self.n_out.div_ceil(COLS), work, |c| {
                     let cols = c * COLS..((c + 1) * COLS).min(self.n_out);
                     widest!(portable_block(self, cols, &q, &out, relu));
-                };
-                let n_blocks = self.n_out.div_ceil(COLS);
-                if parallel {
-                    (0..n_blocks).into_par_iter().for_each(block);
-                } else {
-                    (0..n_blocks).for_each(block);
-                }
+                });
             }
         }
-    }
-
-    /// All rows times panel `p`, TILE_ROWS rows at a time.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn panel_rows(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
-        let k4 = self.k.div_ceil(4);
-        let mut r0 = 0;
-        while r0 < q.rows {
-            let n = TILE_ROWS.min(q.rows - r0);
-            let t = Tile {
-                k4,
-                x: q.x.as_ptr().add(r0 * q.stride),
-                x_stride: q.stride,
-                x_scales: q.scales.as_ptr().add(r0),
-                panel: self.weights.as_ptr().add(p * k4 * PANEL * 4),
-                scales: self.scales.as_ptr().add(p * PANEL),
-                shift: self.shift.as_ptr().add(p * PANEL),
-                bias: self.bias.as_ptr().add(p * PANEL),
-                y: out.at(r0 * self.n_out + p * PANEL),
-                y_stride: self.n_out,
-                cols: PANEL.min(self.n_out - p * PANEL),
-                relu,
-            };
-            match n {
-                8 => tile::<8>(&t),
-                7 => tile::<7>(&t),
-                6 => tile::<6>(&t),
-                5 => tile::<5>(&t),
-                4 => tile::<4>(&t),
-                3 => tile::<3>(&t),
-                2 => tile::<2>(&t),
-                _ => tile::<1>(&t),
-            }
-            r0 += n;
-        }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn panel_rows(&self, _: usize, _: &Quantized, _: &OutPtr, _: bool) {
-        unreachable!("Vnni layers are only built where the kernel runs")
     }
 }
 
@@ -397,54 +357,13 @@ unsafe fn tile<const R: usize>(t: &Tile) {
         _mm512_loadu_si512(t.shift.add(16).cast()),
     );
     let (b0, b1) = (_mm512_loadu_ps(t.bias), _mm512_loadu_ps(t.bias.add(16)));
-    let zero = _mm512_setzero_ps();
-    let mask = |n: usize| -> __mmask16 {
-        match n {
-            0 => 0,
-            1..=15 => (1u16 << n) - 1,
-            _ => 0xffff,
-        }
-    };
-    let (m0, m1) = (mask(t.cols), mask(t.cols.saturating_sub(16)));
     for r in 0..R {
         let sx = _mm512_set1_ps(*t.x_scales.add(r));
         let f0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo[r], c0));
         let f1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi[r], c1));
-        let mut v0 = _mm512_add_ps(_mm512_mul_ps(f0, _mm512_mul_ps(sx, s0)), b0);
-        let mut v1 = _mm512_add_ps(_mm512_mul_ps(f1, _mm512_mul_ps(sx, s1)), b1);
-        if t.relu {
-            v0 = _mm512_max_ps(v0, zero);
-            v1 = _mm512_max_ps(v1, zero);
-        }
-        let row = t.y.add(r * t.y_stride);
-        _mm512_mask_storeu_ps(row, m0, v0);
-        _mm512_mask_storeu_ps(row.add(16), m1, v1);
-    }
-}
-
-struct Int8Op<'a> {
-    w: &'a Int8Linear,
-    relu: bool,
-}
-
-impl CustomOp1 for Int8Op<'_> {
-    fn name(&self) -> &'static str {
-        "nmt-int8-linear"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s, l)?;
-        let k = self.w.k;
-        if l.dims().last() != Some(&k) {
-            candle_core::bail!("int8 linear: input {:?}, weight in {k}", l.dims());
-        }
-        let rows = x.len() / k.max(1);
-        let n = rows * self.w.n_out;
-        let mut y: Vec<f32> = Vec::with_capacity(n);
-        self.w.run(x, y.spare_capacity_mut(), self.relu);
-        // SAFETY: `run` wrote all rows × n_out elements.
-        unsafe { y.set_len(n) };
-        Ok((CpuStorage::F32(y), Shape::from((rows, self.w.n_out))))
+        let v0 = _mm512_add_ps(_mm512_mul_ps(f0, _mm512_mul_ps(sx, s0)), b0);
+        let v1 = _mm512_add_ps(_mm512_mul_ps(f1, _mm512_mul_ps(sx, s1)), b1);
+        panels::store_row(t.y.add(r * t.y_stride), t.cols, v0, v1, t.relu);
     }
 }
 

@@ -3,23 +3,17 @@
 //! few hundred rows by every weight matrix, so that packing (the whole 8 MB output projection
 //! at every step) cost as much as a third of the product. Here each weight is packed once per
 //! loaded model into panels of [`PANEL`] output columns stored input-major, and an AVX-512
-//! kernel multiplies up to [`TILE_ROWS`] rows by one panel at a time with the panel in cache.
+//! kernel multiplies up to [`panels::TILE_ROWS`] rows by one panel at a time with the panel in cache.
 //! Elsewhere (no AVX-512, other architectures) [`Packed::new`] returns `None` and callers use
 //! the general path. It owns only the packed copies: trainable weights, which change at every
 //! step, must not be packed (`Linear` packs only weights loaded from a file). With
 //! [`ComputeType::Int8`] the cell holds the layer quantized to int8 instead ([`super::int8`]).
 
+use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
 use super::cpu::{has_avx512, OutPtr};
 use super::int8::{self, Int8Linear};
-use super::slice;
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
+use candle_core::{DType, Result, Tensor};
 use std::sync::OnceLock;
-
-/// Output columns per panel: two 16-lane registers.
-const PANEL: usize = 32;
-/// Rows per kernel call: 2 × 8 accumulators of 16 lanes.
-const TILE_ROWS: usize = 8;
 
 /// How the linear layers of a loaded model compute (`--compute-type`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -83,11 +77,7 @@ impl PackedCell {
         let x2 = x.reshape(((), dims[dims.len() - 1]))?;
         let (y, n_out) = match kernel {
             Kernel::F32(p) => (p.forward(&x2, relu)?, p.n_out),
-            Kernel::Int8(q) => {
-                let y = q.forward(&x2, relu)?;
-                let n = y.dim(1)?;
-                (y, n)
-            }
+            Kernel::Int8(q) => (q.forward(&x2, relu)?, q.n_out()),
         };
         *dims
             .last_mut()
@@ -119,53 +109,15 @@ impl Packed {
         if b.len() != n_out {
             candle_core::bail!("packed linear: bias of {} for {n_out} outputs", b.len());
         }
-        let n_panels = n_out.div_ceil(PANEL);
-        let mut panels = vec![0f32; n_panels * k * PANEL];
-        panels
-            .par_chunks_mut(k * PANEL)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                for j in 0..PANEL.min(n_out - p * PANEL) {
-                    let row = &w[(p * PANEL + j) * k..(p * PANEL + j + 1) * k];
-                    for (kk, &v) in row.iter().enumerate() {
-                        panel[kk * PANEL + j] = v;
-                    }
-                }
-            });
-        let mut bias = vec![0f32; n_panels * PANEL];
-        bias[..n_out].copy_from_slice(&b);
+        let panels = panels::pack(&w, n_out, k, 1);
+        let mut bias = b;
+        bias.resize(n_out.div_ceil(PANEL) * PANEL, 0.0);
         Ok(Some(Self {
             n_out,
             k,
             panels,
             bias,
         }))
-    }
-
-    /// x (N, in) → x Wᵀ + b (N, out), then ReLU when `relu`. No gradient.
-    pub fn forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        x.contiguous()?
-            .apply_op1_no_bwd(&PackedOp { w: self, relu })
-    }
-
-    /// y (rows × n_out, row-major) from x (rows × k); writes every element of y.
-    fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool) {
-        let rows = x.len() / self.k;
-        assert_eq!(y.len(), rows * self.n_out);
-        let n_panels = self.n_out.div_ceil(PANEL);
-        let out = OutPtr(y.as_mut_ptr().cast::<f32>());
-        let panel = |p: usize| {
-            // SAFETY: `has_avx512()` was checked when this value was built; x holds rows × k
-            // values, each panel k × PANEL, and panel p writes only columns p·PANEL.. of y
-            // (rows × n_out), disjoint from every other panel's.
-            unsafe { self.panel_rows(p, x, rows, &out, relu) }
-        };
-        // Parallel over panels when the product is worth a hand-off.
-        if rows * self.n_out * self.k >= 1 << 18 {
-            (0..n_panels).into_par_iter().for_each(panel);
-        } else {
-            (0..n_panels).for_each(panel);
-        }
     }
 
     /// All rows times panel `p`, TILE_ROWS rows at a time.
@@ -175,32 +127,16 @@ impl Packed {
         let bias = self.bias.as_ptr().add(p * PANEL);
         let cols = PANEL.min(self.n_out - p * PANEL);
         let y = out.at(p * PANEL);
-        let mut r0 = 0;
-        while r0 < rows {
-            let n = TILE_ROWS.min(rows - r0);
-            let (xr, yr) = (x.as_ptr().add(r0 * self.k), y.add(r0 * self.n_out));
-            let t = Tile {
-                k: self.k,
-                x: xr,
-                panel,
-                bias,
-                y: yr,
-                y_stride: self.n_out,
-                cols,
-                relu,
-            };
-            match n {
-                8 => tile::<8>(&t),
-                7 => tile::<7>(&t),
-                6 => tile::<6>(&t),
-                5 => tile::<5>(&t),
-                4 => tile::<4>(&t),
-                3 => tile::<3>(&t),
-                2 => tile::<2>(&t),
-                _ => tile::<1>(&t),
-            }
-            r0 += n;
-        }
+        by_tiles!(rows, tile, |r0| Tile {
+            k: self.k,
+            x: x.as_ptr().add(r0 * self.k),
+            panel,
+            bias,
+            y: y.add(r0 * self.n_out),
+            y_stride: self.n_out,
+            cols,
+            relu,
+        });
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -239,57 +175,37 @@ unsafe fn tile<const R: usize>(t: &Tile) {
         }
     }
     let (b0, b1) = (_mm512_loadu_ps(t.bias), _mm512_loadu_ps(t.bias.add(16)));
-    let zero = _mm512_setzero_ps();
-    // Lanes of the last panel past n_out are not written.
-    let m0: __mmask16 = if t.cols >= 16 {
-        0xffff
-    } else {
-        (1u16 << t.cols) - 1
-    };
-    let m1: __mmask16 = if t.cols >= 32 {
-        0xffff
-    } else if t.cols > 16 {
-        (1u16 << (t.cols - 16)) - 1
-    } else {
-        0
-    };
     for r in 0..R {
-        let (mut v0, mut v1) = (_mm512_add_ps(b0, lo[r]), _mm512_add_ps(b1, hi[r]));
-        if t.relu {
-            v0 = _mm512_max_ps(v0, zero);
-            v1 = _mm512_max_ps(v1, zero);
-        }
-        let row = t.y.add(r * t.y_stride);
-        _mm512_mask_storeu_ps(row, m0, v0);
-        _mm512_mask_storeu_ps(row.add(16), m1, v1);
+        let (v0, v1) = (_mm512_add_ps(b0, lo[r]), _mm512_add_ps(b1, hi[r]));
+        panels::store_row(t.y.add(r * t.y_stride), t.cols, v0, v1, t.relu);
     }
 }
 
-struct PackedOp<'a> {
-    w: &'a Packed,
-    relu: bool,
-}
+impl RowKernel for Packed {
+    const NAME: &'static str = "nmt-packed-linear";
 
-impl CustomOp1 for PackedOp<'_> {
-    fn name(&self) -> &'static str {
-        "nmt-packed-linear"
+    fn k(&self) -> usize {
+        self.k
     }
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s, l)?;
-        let k = self.w.k;
-        if l.dims().last() != Some(&k) {
-            candle_core::bail!("packed linear: input {:?}, weight in {k}", l.dims());
-        }
-        let rows = x.len() / k;
-        let n = rows * self.w.n_out;
-        // Every element is written by the kernel: no zero-fill (10 MB per step for the
-        // output projection of a beam-search step).
-        let mut y: Vec<f32> = Vec::with_capacity(n);
-        self.w.run(x, y.spare_capacity_mut(), self.relu);
-        // SAFETY: `run` wrote all rows × n_out elements.
-        unsafe { y.set_len(n) };
-        Ok((CpuStorage::F32(y), Shape::from((rows, self.w.n_out))))
+    fn n_out(&self) -> usize {
+        self.n_out
+    }
+
+    fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool) {
+        let rows = x.len() / self.k.max(1);
+        assert_eq!(y.len(), rows * self.n_out);
+        let out = OutPtr(y.as_mut_ptr().cast::<f32>());
+        panels::for_each_block(
+            self.n_out.div_ceil(PANEL),
+            rows * self.n_out * self.k,
+            |p| {
+                // SAFETY: `has_avx512()` was checked when this value was built; x holds rows × k
+                // values, each panel k × PANEL, and panel p writes only columns p·PANEL.. of y
+                // (rows × n_out), disjoint from every other panel's.
+                unsafe { self.panel_rows(p, x, rows, &out, relu) }
+            },
+        );
     }
 }
 

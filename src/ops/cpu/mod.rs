@@ -3,6 +3,7 @@
 //! `matmul`.
 
 pub mod matmul;
+pub(crate) mod panels;
 
 /// Whether this CPU has AVX-512 F, DQ, BW and VL (every AVX-512 CPU since Skylake-SP and
 /// Zen 4; detected once, the standard library caches it).

@@ -1,0 +1,153 @@
+//! What the packed f32 and the int8 linear layers share: weights packed once into panels of
+//! [`PANEL`] output columns, kernels that multiply up to [`TILE_ROWS`] input rows by one panel
+//! with the panel in cache, the masked store of a panel's row, and the op that hands a
+//! contiguous (rows, in) input to a kernel and gets (rows, out) back.
+
+use crate::ops::slice;
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Output columns per panel: two 16-lane registers.
+pub(crate) const PANEL: usize = 32;
+/// Input rows per kernel call: 2 × 8 accumulators of 16 lanes.
+pub(crate) const TILE_ROWS: usize = 8;
+
+/// Packs `rows` (`n_out` rows of `k`) into panels: panel p holds outputs p·PANEL.. as
+/// `[k / group][PANEL][group]` (k padded to a multiple of `group`; padding and outputs past
+/// `n_out` are `T::default()`), the order in which a kernel reading `group` inputs at a time
+/// loads them.
+pub(crate) fn pack<T: Copy + Default + Send + Sync>(
+    rows: &[T],
+    n_out: usize,
+    k: usize,
+    group: usize,
+) -> Vec<T> {
+    let kg = k.div_ceil(group);
+    let mut panels = vec![T::default(); n_out.div_ceil(PANEL) * kg * PANEL * group];
+    panels
+        .par_chunks_mut(kg * PANEL * group)
+        .enumerate()
+        .for_each(|(p, panel)| {
+            for j in 0..PANEL.min(n_out - p * PANEL) {
+                let row = &rows[(p * PANEL + j) * k..(p * PANEL + j + 1) * k];
+                for (kk, &v) in row.iter().enumerate() {
+                    panel[(kk / group) * PANEL * group + j * group + kk % group] = v;
+                }
+            }
+        });
+    panels
+}
+
+/// Runs `f(i)` for every block `i < n`, in parallel when the product (`work` multiply-adds)
+/// is worth a hand-off. Blocks write disjoint columns of the output.
+pub(crate) fn for_each_block(n: usize, work: usize, f: impl Fn(usize) + Sync + Send) {
+    if work >= 1 << 18 {
+        (0..n).into_par_iter().for_each(f);
+    } else {
+        (0..n).for_each(f);
+    }
+}
+
+/// Calls `tile::<R>(t)` for each run of at most [`TILE_ROWS`] of `rows` rows, `next(r0)`
+/// giving the tile for the rows from `r0`.
+macro_rules! by_tiles {
+    ($rows:expr, $tile:ident, |$r0:ident| $next:expr) => {{
+        let mut $r0 = 0;
+        while $r0 < $rows {
+            let n = $crate::ops::cpu::panels::TILE_ROWS.min($rows - $r0);
+            let t = $next;
+            match n {
+                8 => $tile::<8>(&t),
+                7 => $tile::<7>(&t),
+                6 => $tile::<6>(&t),
+                5 => $tile::<5>(&t),
+                4 => $tile::<4>(&t),
+                3 => $tile::<3>(&t),
+                2 => $tile::<2>(&t),
+                _ => $tile::<1>(&t),
+            }
+            $r0 += n;
+        }
+    }};
+}
+pub(crate) use by_tiles;
+
+/// Stores the first `cols` (≤ [`PANEL`]) of the row `(v0, v1)` at `row`, after ReLU when
+/// `relu`; lanes of the last panel past the layer's outputs are not written.
+///
+/// # Safety
+/// The CPU has AVX-512 F, and `row` points at `cols` writable floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn store_row(
+    row: *mut f32,
+    cols: usize,
+    mut v0: std::arch::x86_64::__m512,
+    mut v1: std::arch::x86_64::__m512,
+    relu: bool,
+) {
+    use std::arch::x86_64::*;
+    let mask = |n: usize| -> __mmask16 {
+        match n {
+            0 => 0,
+            1..=15 => (1u16 << n) - 1,
+            _ => 0xffff,
+        }
+    };
+    if relu {
+        v0 = _mm512_max_ps(v0, _mm512_setzero_ps());
+        v1 = _mm512_max_ps(v1, _mm512_setzero_ps());
+    }
+    _mm512_mask_storeu_ps(row, mask(cols), v0);
+    _mm512_mask_storeu_ps(row.add(16), mask(cols.saturating_sub(16)), v1);
+}
+
+/// A linear layer's kernel: x (rows × k) → y (rows × n_out), then ReLU when asked.
+pub(crate) trait RowKernel: Sync {
+    /// The op's name, in candle's errors.
+    const NAME: &'static str;
+    /// Inputs per row.
+    fn k(&self) -> usize;
+    /// Outputs per row.
+    fn n_out(&self) -> usize;
+    /// y (rows × n_out, row-major) from x (rows × k); must write every element of y.
+    fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool);
+
+    /// x (N, in) → x Wᵀ + b (N, out), then ReLU when `relu`. No gradient.
+    fn forward(&self, x: &Tensor, relu: bool) -> Result<Tensor>
+    where
+        Self: Sized,
+    {
+        x.contiguous()?
+            .apply_op1_no_bwd(&RowOp { kernel: self, relu })
+    }
+}
+
+struct RowOp<'a, K> {
+    kernel: &'a K,
+    relu: bool,
+}
+
+impl<K: RowKernel> CustomOp1 for RowOp<'_, K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = slice(s, l)?;
+        let (k, n_out) = (self.kernel.k(), self.kernel.n_out());
+        if l.dims().last() != Some(&k) {
+            candle_core::bail!("{}: input {:?}, weight in {k}", K::NAME, l.dims());
+        }
+        let rows = x.len() / k.max(1);
+        let n = rows * n_out;
+        // Every element is written by the kernel: no zero-fill (10 MB per step for the
+        // output projection of a beam-search step).
+        let mut y: Vec<f32> = Vec::with_capacity(n);
+        self.kernel.run(x, y.spare_capacity_mut(), self.relu);
+        // SAFETY: `run` wrote all rows × n_out elements.
+        unsafe { y.set_len(n) };
+        Ok((CpuStorage::F32(y), Shape::from((rows, n_out))))
+    }
+}
