@@ -65,7 +65,7 @@ fn toy_model_learns_to_translate() {
             "--warmup",
             "100",
             "--max-steps",
-            "400",
+            "500",
             "--valid-every",
             "200",
         ],
