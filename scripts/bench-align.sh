@@ -4,19 +4,22 @@
 # test sources and that model's translations, grow-diag-final-and) aligns the same pairs;
 # prints precision, recall, F1 and AER of nmt's links against eflomal's, and BLEU (beam 5).
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg] [--alignment hard|P]
-#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--data DIR]
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--config FILE] [--weight W] [--data DIR]
 # MODEL: de→en models as `nmt translate --model` takes them. --train M first trains two for M
-# minutes each with data/configs/yardstick.json, one without and one with guided alignment
-# (eflomal's links of the training corpus, --guided-alignment), and compares those.
+# minutes each with --config (default data/configs/yardstick.json), one without and one with
+# guided alignment (eflomal's links of the training corpus, --guided-alignment, cost weight W,
+# default the config's or 0.1), and compares those.
 # eflomal installs from PyPI (pip install eflomal).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
-models=() data="" flags=() minutes="" mode=hard
+models=() data="" flags=() minutes="" mode=hard config=data/configs/yardstick.json weight=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=$2; shift 2 ;;
     --train) minutes=$2; shift 2 ;;
+    --config) config=$2; shift 2 ;;
+    --weight) weight=(--guided-alignment-weight "$2"); shift 2 ;;
     --layer) flags+=(--alignment-layer "$2"); shift 2 ;;
     --head) flags+=(--alignment-head "$2"); shift 2 ;;
     --alignment) mode=$2; shift 2 ;;
@@ -36,9 +39,9 @@ if [ -n "$minutes" ]; then
   rm -rf "$runs"; mkdir -p "$runs"
   "$py" "$root/scripts/align-score.py" --write-links "$data/train.de.gz" "$data/train.en.gz" "$runs/train.align"
   train=(--src "$data/train.de.gz" --tgt "$data/train.en.gz" --valid-src "$data/val.de.gz" --valid-tgt "$data/val.en.gz"
-         --config data/configs/yardstick.json --max-time "${minutes}m")
+         --config "$config" --max-time "${minutes}m")
   $nmt train "${train[@]}" --out "$runs/plain" 2> "$runs/plain.log"
-  $nmt train "${train[@]}" --guided-alignment "$runs/train.align" --out "$runs/guided" 2> "$runs/guided.log"
+  $nmt train "${train[@]}" --guided-alignment "$runs/train.align" "${weight[@]}" --out "$runs/guided" 2> "$runs/guided.log"
   models+=("$runs/plain" "$runs/guided")
 fi
 for m in "${models[@]}"; do

@@ -23,6 +23,7 @@
 # wheels) unless LD_LIBRARY_PATH already finds them.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/cpu-info.sh"
 nmt="" tests="" baseline="" data="" peer=$root/../shared/peers/torch_marian_ref.py py=${PEERS_PYTHON:-python3}
 steps=200 rounds=2 minutes=3 stages=tests,speed,agree out=""
 while [ $# -gt 0 ]; do

@@ -5,6 +5,7 @@
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-eval.sh [--data DIR] [--lines N]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/cpu-info.sh"
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
 data="" lines=1000000
 while [ $# -gt 0 ]; do

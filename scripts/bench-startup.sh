@@ -6,6 +6,7 @@
 # HF_MODEL_DIR: an HF Marian folder with tokenizer.json (nmt's checkpoints, the peer's hf/).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/cpu-info.sh"
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
 model=${1:?usage: $0 HF_MODEL_DIR [--runs N]}; shift
 runs=10

@@ -7,6 +7,7 @@
 #   scripts/bench-step.sh [--rounds R] [BINARY...]      (default: this checkout's build)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/cpu-info.sh"
 rounds=3
 if [ "${1:-}" = "--rounds" ]; then rounds=$2; shift 2; fi
 if [ $# -eq 0 ]; then

@@ -4,6 +4,7 @@
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-tokenize.sh [--data DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/cpu-info.sh"
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
 data=""; [ "${1:-}" = --data ] && data=$2
 data=$("$root/scripts/find-multi30k.sh" "$data")

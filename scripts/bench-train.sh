@@ -7,6 +7,7 @@
 # Needs a Python with torch, transformers, tokenizers, sacrebleu, ctranslate2 (../shared/peers/README.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/cpu-info.sh"
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
 peer=${PEER_SCRIPT:-$root/../shared/peers/torch_marian_ref.py}
 data="" steps=60 rounds=2 max_tokens=2048

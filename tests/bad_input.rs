@@ -211,6 +211,14 @@ fn every_subcommand_rejects_bad_input_clearly() {
             .chain([s(model).to_string()])
             .collect::<Vec<_>>()
     };
+    // `eval --ref TGT --src SRC --model TOY` and `extra`: scoring a model's own translations.
+    let eval_model = |extra: &[&str]| -> Vec<String> {
+        ["eval", "--ref", &tgt, "--src", &src, "--model", s(&toy)]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string())
+            .collect()
+    };
     let translate_row = |name, model: &Path, expect| Row {
         name,
         args: translate(model),
@@ -596,49 +604,28 @@ fn every_subcommand_rejects_bad_input_clearly() {
         ),
         row(
             "eval --model: bf16 on the CPU",
-            &[
-                "eval",
-                "--ref",
-                &tgt,
-                "--src",
-                &src,
-                "--model",
-                s(&toy),
-                "--dtype",
-                "bf16",
-            ],
+            &eval_model(&["--dtype", "bf16"]),
             b"",
             fails(&["--dtype bf16/f16 needs --device cuda"]),
         ),
         row(
             "eval --model: int8 in bf16",
-            &[
-                "eval",
-                "--ref",
-                &tgt,
-                "--src",
-                &src,
-                "--model",
-                s(&toy),
-                "--compute-type",
-                "int8",
-                "--dtype",
-                "bf16",
-            ],
+            &eval_model(&["--compute-type", "int8", "--dtype", "bf16"]),
             b"",
             fails(&["--compute-type int8", "--dtype bf16"]),
         ),
         row(
             "translate: int8 on CUDA",
             &[
-                "translate",
-                "--model",
-                s(&toy),
-                "--compute-type",
-                "int8",
-                "--device",
-                "cuda",
-            ],
+                &translate(&toy)[..],
+                &[
+                    "--compute-type".into(),
+                    "int8".into(),
+                    "--device".into(),
+                    "cuda".into(),
+                ],
+            ]
+            .concat(),
             b"1\n",
             fails(&["--compute-type int8 runs on the CPU"]),
         ),
@@ -691,17 +678,7 @@ fn every_subcommand_rejects_bad_input_clearly() {
     if !candle_core::utils::cuda_is_available() {
         rows.push(row(
             "eval --model: --device cuda without CUDA",
-            &[
-                "eval",
-                "--ref",
-                &tgt,
-                "--src",
-                &src,
-                "--model",
-                s(&toy),
-                "--device",
-                "cuda",
-            ],
+            &eval_model(&["--device", "cuda"]),
             b"",
             fails(&["--device cuda"]),
         ));
