@@ -3,7 +3,9 @@
 
 /// Keeps freed memory in the process instead of returning large blocks to the kernel: training
 /// allocates and frees the same large tensors every step, and fresh pages from the kernel cost
-/// a page fault and a zeroing each (measured: ~15 % of a training step). Call first in `main`.
+/// a page fault and a zeroing each (measured: ~15 % of a training step). All threads share
+/// one arena, which serialises allocation-heavy work on many threads: the binary leaves it
+/// out for its text-only commands. Call first in `main`, before any other thread starts.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator tunables; called before any other thread starts.
