@@ -3,12 +3,15 @@
 //! input row is quantized when the layer runs, with its own scale; the products are summed
 //! exactly in i32 and scaled back to f32, and the bias is added.
 //!
-//! Two kernels give the same integers, so the same outputs bit for bit:
+//! Three kernels give the same integers, so the same outputs bit for bit:
 //! - AVX-512 VNNI (Ice Lake and later Xeons, Zen 4): `vpdpbusd` multiplies unsigned by signed
 //!   bytes four at a time into i32 lanes. Inputs are stored shifted by +128 (as unsigned
 //!   bytes) and the shift's share, 128 · Σₖ w, is subtracted per output. Weights are packed
 //!   once into panels of [`PANEL`] outputs × 4 inputs per 64-byte row pair, as the instruction
 //!   reads them, and [`panels::TILE_ROWS`] input rows are multiplied by one panel at a time.
+//! - AVX2 (every x86-64 CPU since Haswell and Zen 1): the same panels, two input rows at a
+//!   time; `vpmaddubsw` multiplies |x| by w carrying x's sign (`vpsignb`), exact in i16 since
+//!   2 · 127 · 127 < 2¹⁵, and `vpmaddwd` sums the pairs into i32 lanes (intgemm's scheme).
 //! - Everywhere else, a plain i8 dot product per (row, output), which the compiler vectorises
 //!   (`vpmaddwd`) as wide as the CPU allows, chosen at run time by [`super::cpu::wide`].
 
@@ -29,10 +32,11 @@ pub(crate) fn has_vnni() -> bool {
     }
 }
 
-/// Which kernel multiplies: the VNNI one where the CPU has it, or the portable one.
+/// Which kernel multiplies: the VNNI one, the AVX2 one, or the portable one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     Vnni,
+    Avx2,
     Portable,
 }
 
@@ -41,9 +45,16 @@ impl Kernel {
     pub fn best() -> Self {
         if has_vnni() {
             Self::Vnni
+        } else if super::cpu::has_avx2() {
+            Self::Avx2
         } else {
             Self::Portable
         }
+    }
+
+    /// Whether the kernel reads weights packed in panels (and inputs padded to 4 bytes).
+    fn panelled(self) -> bool {
+        matches!(self, Self::Vnni | Self::Avx2)
     }
 }
 
@@ -52,10 +63,11 @@ pub struct Int8Linear {
     n_out: usize,
     k: usize,
     kernel: Kernel,
-    /// Vnni: panel p holds outputs p·PANEL.. as `[k/4][PANEL][4]` (k padded to a multiple of
-    /// 4, outputs past `n_out` zero). Portable: the rows `[n_out][k]`.
+    /// Vnni and Avx2: panel p holds outputs p·PANEL.. as `[k/4][PANEL][4]` (k padded to a
+    /// multiple of 4, outputs past `n_out` zero). Portable: the rows `[n_out][k]`.
     weights: Vec<i8>,
-    /// Per output: the weight scale and, for Vnni, 128 · Σₖ w (zero-padded to whole panels).
+    /// Per output: the weight scale and, for the panels, 128 · Σₖ w (zero-padded to whole
+    /// panels; the VNNI kernel's correction).
     scales: Vec<f32>,
     shift: Vec<i32>,
     bias: Vec<f32>,
@@ -103,7 +115,7 @@ impl Int8Linear {
         scales.truncate(n_out);
         let (weights, shift, padded) = match kernel {
             Kernel::Portable => (rows, Vec::new(), n_out),
-            Kernel::Vnni => {
+            Kernel::Vnni | Kernel::Avx2 => {
                 let n_panels = n_out.div_ceil(PANEL);
                 let panels = panels::pack(&rows, n_out, k, 4);
                 let mut shift: Vec<i32> = rows
@@ -149,9 +161,44 @@ impl Int8Linear {
         });
     }
 
+    /// All rows times panel `p` with the AVX2 kernel, two rows at a time.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn panel_rows_avx2(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
+        let k4 = self.k.div_ceil(4);
+        let mut r0 = 0;
+        while r0 < q.rows {
+            let t = Tile {
+                k4,
+                x: q.x.as_ptr().add(r0 * q.stride),
+                x_stride: q.stride,
+                x_scales: q.scales.as_ptr().add(r0),
+                panel: self.weights.as_ptr().add(p * k4 * PANEL * 4),
+                scales: self.scales.as_ptr().add(p * PANEL),
+                shift: self.shift.as_ptr().add(p * PANEL),
+                bias: self.bias.as_ptr().add(p * PANEL),
+                y: out.at(r0 * self.n_out + p * PANEL),
+                y_stride: self.n_out,
+                cols: PANEL.min(self.n_out - p * PANEL),
+                relu,
+            };
+            if q.rows - r0 >= 2 {
+                tile_avx2::<2>(&t);
+                r0 += 2;
+            } else {
+                tile_avx2::<1>(&t);
+                r0 += 1;
+            }
+        }
+    }
+
     #[cfg(not(target_arch = "x86_64"))]
     unsafe fn panel_rows(&self, _: usize, _: &Quantized, _: &OutPtr, _: bool) {
         unreachable!("Vnni layers are only built where the kernel runs")
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn panel_rows_avx2(&self, _: usize, _: &Quantized, _: &OutPtr, _: bool) {
+        unreachable!("Avx2 layers are only built where the kernel runs")
     }
 }
 
@@ -169,9 +216,10 @@ impl RowKernel for Int8Linear {
     fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool) {
         let rows = x.len() / self.k.max(1);
         assert_eq!(y.len(), rows * self.n_out);
-        let stride = match self.kernel {
-            Kernel::Vnni => self.k.div_ceil(4) * 4,
-            Kernel::Portable => self.k,
+        let stride = if self.kernel.panelled() {
+            self.k.div_ceil(4) * 4
+        } else {
+            self.k
         };
         let mut xq = vec![0i8; rows * stride];
         let mut xs = vec![0f32; rows];
@@ -189,6 +237,11 @@ impl RowKernel for Int8Linear {
                 // SAFETY: a Vnni layer is only built where `has_vnni()` holds; panel p
                 // writes only columns p·PANEL.. of y, disjoint from every other panel's.
                 unsafe { self.panel_rows(p, &q, &out, relu) }
+            }),
+            Kernel::Avx2 => panels::for_each_block(self.n_out.div_ceil(PANEL), work, |p| {
+                // SAFETY: an Avx2 layer is only built where `has_avx2()` holds (see
+                // `Kernel::best`, and the tests); panels write disjoint columns of y.
+                unsafe { self.panel_rows_avx2(p, &q, &out, relu) }
             }),
             Kernel::Portable => {
                 const COLS: usize = 16;
@@ -367,6 +420,51 @@ unsafe fn tile<const R: usize>(t: &Tile) {
     }
 }
 
+/// [`tile`]'s result with AVX2 for R (≤ 2) rows: x · w summed exactly in i32 as
+/// |x| · (w with x's sign), then scaled in the portable kernel's order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const R: usize>(t: &Tile) {
+    use std::arch::x86_64::*;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_si256(); 4]; R];
+    for g in 0..t.k4 {
+        let w = t.panel.add(g * PANEL * 4);
+        let wv = [0, 1, 2, 3].map(|i| _mm256_loadu_si256(w.add(32 * i).cast()));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let four =
+                t.x.add(r * t.x_stride + g * 4)
+                    .cast::<i32>()
+                    .read_unaligned();
+            let xv = _mm256_set1_epi32(four);
+            let ax = _mm256_abs_epi8(xv);
+            for (a, &wv) in acc.iter_mut().zip(&wv) {
+                let pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv, xv));
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(pairs, ones));
+            }
+        }
+    }
+    let zero = _mm256_setzero_ps();
+    for (r, acc) in acc.iter().enumerate() {
+        let sx = _mm256_set1_ps(*t.x_scales.add(r));
+        let mut row = [0f32; PANEL];
+        for (i, &a) in acc.iter().enumerate() {
+            let s = _mm256_loadu_ps(t.scales.add(8 * i));
+            let b = _mm256_loadu_ps(t.bias.add(8 * i));
+            let mut v = _mm256_add_ps(
+                _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(sx, s)),
+                b,
+            );
+            if t.relu {
+                v = _mm256_max_ps(v, zero);
+            }
+            _mm256_storeu_ps(row.as_mut_ptr().add(8 * i), v);
+        }
+        // Lanes of the last panel past the layer's outputs are not written.
+        std::ptr::copy_nonoverlapping(row.as_ptr(), t.y.add(r * t.y_stride), t.cols);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,7 +493,11 @@ mod tests {
                 b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
             );
             let amax = |v: &[f32]| v.iter().fold(0f64, |m, a| m.max(a.abs() as f64));
-            for kernel in [Kernel::Portable, Kernel::best()] {
+            let mut kernels = vec![Kernel::Portable, Kernel::best()];
+            if super::super::cpu::has_avx2() {
+                kernels.push(Kernel::Avx2);
+            }
+            for kernel in kernels {
                 let layer = Int8Linear::new(&w, &b, kernel).unwrap();
                 let got = layer.forward(&x, false).unwrap().to_vec2::<f32>().unwrap();
                 for r in 0..rows {
@@ -421,14 +523,27 @@ mod tests {
         }
     }
 
-    /// Both kernels sum the same integers and scale them in the same order: equal outputs.
+    /// The kernels sum the same integers and scale them in the same order: equal outputs.
     #[test]
-    fn the_vnni_kernel_equals_the_portable_one_bit_for_bit() {
-        if !has_vnni() {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI, only the portable kernel runs");
-            return;
+    fn the_simd_kernels_equal_the_portable_one_bit_for_bit() {
+        let mut kernels = Vec::new();
+        if has_vnni() {
+            kernels.push(Kernel::Vnni);
+        } else {
+            eprintln!("not compared: this CPU has no AVX-512 VNNI");
         }
-        for &(rows, n_out, k) in &[(1, 5, 3), (8, 32, 256), (13, 70, 1024), (64, 31, 9)] {
+        if super::super::cpu::has_avx2() {
+            kernels.push(Kernel::Avx2);
+        } else {
+            eprintln!("not compared: this CPU has no AVX2");
+        }
+        for &(rows, n_out, k) in &[
+            (1, 5, 3),
+            (8, 32, 256),
+            (13, 70, 1024),
+            (64, 31, 9),
+            (3, 40, 7),
+        ] {
             let x = randn((rows, k), 4);
             let w = randn((n_out, k), 5);
             let b = randn((1, n_out), 6);
@@ -443,13 +558,18 @@ mod tests {
                         .to_vec1::<f32>()
                         .unwrap()
                 };
-                let (a, b) = (f(Kernel::Vnni), f(Kernel::Portable));
-                assert!(
-                    a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{rows}×{k}·{k}×{n_out} relu {relu}"
-                );
+                let want = f(Kernel::Portable);
+                for &kernel in &kernels {
+                    let got = f(kernel);
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{kernel:?} {rows}×{k}·{k}×{n_out} relu {relu}"
+                    );
+                }
                 if relu {
-                    assert!(a.iter().all(|&v| v >= 0.0));
+                    assert!(want.iter().all(|&v| v >= 0.0));
                 }
             }
         }
