@@ -141,11 +141,11 @@ impl Int8Linear {
         })
     }
 
-    /// All rows times panel `p`, TILE_ROWS rows at a time.
+    /// The kernel call for rows r0.. of `q` times panel `p`.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn panel_rows(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
+    unsafe fn tile_at(&self, p: usize, q: &Quantized, out: &OutPtr, r0: usize, relu: bool) -> Tile {
         let k4 = self.k.div_ceil(4);
-        by_tiles!(q.rows, tile, |r0| Tile {
+        Tile {
             k4,
             x: q.x.as_ptr().add(r0 * q.stride),
             x_stride: q.stride,
@@ -158,29 +158,19 @@ impl Int8Linear {
             y_stride: self.n_out,
             cols: PANEL.min(self.n_out - p * PANEL),
             relu,
-        });
+        }
     }
 
-    /// All rows times panel `p` with the AVX2 kernel, two rows at a time.
+    /// All rows times panel `p`: TILE_ROWS rows at a time with VNNI, two with AVX2.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn panel_rows_avx2(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
-        let k4 = self.k.div_ceil(4);
+    unsafe fn panel_rows(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
+        if self.kernel == Kernel::Vnni {
+            by_tiles!(q.rows, tile, |r0| self.tile_at(p, q, out, r0, relu));
+            return;
+        }
         let mut r0 = 0;
         while r0 < q.rows {
-            let t = Tile {
-                k4,
-                x: q.x.as_ptr().add(r0 * q.stride),
-                x_stride: q.stride,
-                x_scales: q.scales.as_ptr().add(r0),
-                panel: self.weights.as_ptr().add(p * k4 * PANEL * 4),
-                scales: self.scales.as_ptr().add(p * PANEL),
-                shift: self.shift.as_ptr().add(p * PANEL),
-                bias: self.bias.as_ptr().add(p * PANEL),
-                y: out.at(r0 * self.n_out + p * PANEL),
-                y_stride: self.n_out,
-                cols: PANEL.min(self.n_out - p * PANEL),
-                relu,
-            };
+            let t = self.tile_at(p, q, out, r0, relu);
             if q.rows - r0 >= 2 {
                 tile_avx2::<2>(&t);
                 r0 += 2;
@@ -193,29 +183,18 @@ impl Int8Linear {
 
     #[cfg(not(target_arch = "x86_64"))]
     unsafe fn panel_rows(&self, _: usize, _: &Quantized, _: &OutPtr, _: bool) {
-        unreachable!("Vnni layers are only built where the kernel runs")
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn panel_rows_avx2(&self, _: usize, _: &Quantized, _: &OutPtr, _: bool) {
-        unreachable!("Avx2 layers are only built where the kernel runs")
+        unreachable!("panelled layers are only built where their kernel runs")
     }
 }
 
 impl RowKernel for Int8Linear {
     const NAME: &'static str = "nmt-int8-linear";
 
-    fn k(&self) -> usize {
-        self.k
+    fn shape(&self) -> (usize, usize) {
+        (self.k, self.n_out)
     }
 
-    fn n_out(&self) -> usize {
-        self.n_out
-    }
-
-    fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool) {
-        let rows = x.len() / self.k.max(1);
-        assert_eq!(y.len(), rows * self.n_out);
+    fn run(&self, x: &[f32], rows: usize, out: &OutPtr, relu: bool) {
         let stride = if self.kernel.panelled() {
             self.k.div_ceil(4) * 4
         } else {
@@ -224,7 +203,6 @@ impl RowKernel for Int8Linear {
         let mut xq = vec![0i8; rows * stride];
         let mut xs = vec![0f32; rows];
         quantize_rows(x, self.k, &mut xq, &mut xs);
-        let out = OutPtr(y.as_mut_ptr().cast::<f32>());
         let q = Quantized {
             x: &xq,
             scales: &xs,
@@ -233,21 +211,19 @@ impl RowKernel for Int8Linear {
         };
         let work = rows * self.n_out * self.k;
         match self.kernel {
-            Kernel::Vnni => panels::for_each_block(self.n_out.div_ceil(PANEL), work, |p| {
-                // SAFETY: a Vnni layer is only built where `has_vnni()` holds; panel p
-                // writes only columns p·PANEL.. of y, disjoint from every other panel's.
-                unsafe { self.panel_rows(p, &q, &out, relu) }
-            }),
-            Kernel::Avx2 => panels::for_each_block(self.n_out.div_ceil(PANEL), work, |p| {
-                // SAFETY: an Avx2 layer is only built where `has_avx2()` holds (see
-                // `Kernel::best`, and the tests); panels write disjoint columns of y.
-                unsafe { self.panel_rows_avx2(p, &q, &out, relu) }
-            }),
+            Kernel::Vnni | Kernel::Avx2 => {
+                panels::for_each_block(self.n_out.div_ceil(PANEL), work, |p| {
+                    // SAFETY: a Vnni (Avx2) layer is only built where `has_vnni()`
+                    // (`has_avx2()`) holds; panel p writes only columns p·PANEL.. of y,
+                    // disjoint from every other panel's.
+                    unsafe { self.panel_rows(p, &q, out, relu) }
+                })
+            }
             Kernel::Portable => {
                 const COLS: usize = 16;
                 panels::for_each_block(self.n_out.div_ceil(COLS), work, |c| {
                     let cols = c * COLS..((c + 1) * COLS).min(self.n_out);
-                    widest!(portable_block(self, cols, &q, &out, relu));
+                    widest!(portable_block(self, cols, &q, out, relu));
                 });
             }
         }

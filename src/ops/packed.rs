@@ -77,7 +77,7 @@ impl PackedCell {
         let x2 = x.reshape(((), dims[dims.len() - 1]))?;
         let (y, n_out) = match kernel {
             Kernel::F32(p) => (p.forward(&x2, relu)?, p.n_out),
-            Kernel::Int8(q) => (q.forward(&x2, relu)?, q.n_out()),
+            Kernel::Int8(q) => (q.forward(&x2, relu)?, q.shape().1),
         };
         *dims
             .last_mut()
@@ -184,18 +184,11 @@ unsafe fn tile<const R: usize>(t: &Tile) {
 impl RowKernel for Packed {
     const NAME: &'static str = "nmt-packed-linear";
 
-    fn k(&self) -> usize {
-        self.k
+    fn shape(&self) -> (usize, usize) {
+        (self.k, self.n_out)
     }
 
-    fn n_out(&self) -> usize {
-        self.n_out
-    }
-
-    fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool) {
-        let rows = x.len() / self.k.max(1);
-        assert_eq!(y.len(), rows * self.n_out);
-        let out = OutPtr(y.as_mut_ptr().cast::<f32>());
+    fn run(&self, x: &[f32], rows: usize, out: &OutPtr, relu: bool) {
         panels::for_each_block(
             self.n_out.div_ceil(PANEL),
             rows * self.n_out * self.k,
@@ -203,7 +196,7 @@ impl RowKernel for Packed {
                 // SAFETY: `has_avx512()` was checked when this value was built; x holds rows × k
                 // values, each panel k × PANEL, and panel p writes only columns p·PANEL.. of y
                 // (rows × n_out), disjoint from every other panel's.
-                unsafe { self.panel_rows(p, x, rows, &out, relu) }
+                unsafe { self.panel_rows(p, x, rows, out, relu) }
             },
         );
     }

@@ -3,6 +3,7 @@
 //! with the panel in cache, the masked store of a panel's row, and the op that hands a
 //! contiguous (rows, in) input to a kernel and gets (rows, out) back.
 
+use super::OutPtr;
 use crate::ops::slice;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -107,12 +108,10 @@ pub(crate) unsafe fn store_row(
 pub(crate) trait RowKernel: Sync {
     /// The op's name, in candle's errors.
     const NAME: &'static str;
-    /// Inputs per row.
-    fn k(&self) -> usize;
-    /// Outputs per row.
-    fn n_out(&self) -> usize;
-    /// y (rows × n_out, row-major) from x (rows × k); must write every element of y.
-    fn run(&self, x: &[f32], y: &mut [std::mem::MaybeUninit<f32>], relu: bool);
+    /// (inputs, outputs) per row.
+    fn shape(&self) -> (usize, usize);
+    /// y (rows × n_out, row-major, at `y`) from x (rows × k); must write every element of y.
+    fn run(&self, x: &[f32], rows: usize, y: &OutPtr, relu: bool);
 
     /// x (N, in) → x Wᵀ + b (N, out), then ReLU when `relu`. No gradient.
     fn forward(&self, x: &Tensor, relu: bool) -> Result<Tensor>
@@ -136,7 +135,7 @@ impl<K: RowKernel> CustomOp1 for RowOp<'_, K> {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = slice(s, l)?;
-        let (k, n_out) = (self.kernel.k(), self.kernel.n_out());
+        let (k, n_out) = self.kernel.shape();
         if l.dims().last() != Some(&k) {
             candle_core::bail!("{}: input {:?}, weight in {k}", K::NAME, l.dims());
         }
@@ -145,7 +144,8 @@ impl<K: RowKernel> CustomOp1 for RowOp<'_, K> {
         // Every element is written by the kernel: no zero-fill (10 MB per step for the
         // output projection of a beam-search step).
         let mut y: Vec<f32> = Vec::with_capacity(n);
-        self.kernel.run(x, y.spare_capacity_mut(), self.relu);
+        let out = OutPtr(y.spare_capacity_mut().as_mut_ptr().cast::<f32>());
+        self.kernel.run(x, rows, &out, self.relu);
         // SAFETY: `run` wrote all rows × n_out elements.
         unsafe { y.set_len(n) };
         Ok((CpuStorage::F32(y), Shape::from((rows, n_out))))
