@@ -348,13 +348,18 @@ pub struct TrainArgs {
     #[arg(long)]
     pub clip_norm: Option<f64>,
     /// Word alignments of the training corpus (Pharaoh `s-t` lines, 0-based, one per line of
-    /// --src/--tgt, e.g. from eflomal) supervising the last decoder layer's first
-    /// cross-attention head (Marian's guided alignment).
+    /// --src/--tgt, e.g. from eflomal) supervising one decoder layer's first
+    /// cross-attention head (Marian's guided alignment; the last layer unless
+    /// --guided-alignment-layer says otherwise).
     #[arg(long, value_name = "FILE")]
     pub guided_alignment: Option<PathBuf>,
     /// Weight of the guided-alignment cost (default 0.1).
     #[arg(long, value_name = "W")]
     pub guided_alignment_weight: Option<f64>,
+    /// Decoder layer whose first cross-attention head guided alignment supervises (0-based;
+    /// default: the last).
+    #[arg(long, value_name = "N")]
+    pub guided_alignment_layer: Option<usize>,
     /// Stop after N updates.
     #[arg(long)]
     pub max_steps: Option<usize>,

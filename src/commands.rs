@@ -411,6 +411,9 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     if args.guided_alignment.is_some() {
         c.guided_alignment = args.guided_alignment.clone();
     }
+    if args.guided_alignment_layer.is_some() {
+        c.guided_alignment_layer = args.guided_alignment_layer;
+    }
     if let Some(l) = args.layers {
         c.encoder_layers = l;
         c.decoder_layers = l;

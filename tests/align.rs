@@ -308,6 +308,8 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
                 s(&align),
                 "--guided-alignment-weight",
                 "1",
+                "--guided-alignment-layer",
+                "0",
             ]);
         }
         nmt_ok(&args, b"");
@@ -372,4 +374,27 @@ fn alignment_files_that_do_not_match_the_corpus_are_errors_naming_the_line() {
         let err = nmt_err(&args, b"");
         assert!(err.contains(want), "{err}");
     }
+    // A supervised layer the model does not have.
+    std::fs::write(&align, "0-0\n".repeat(20)).unwrap();
+    let mut args = vec![
+        "train",
+        "--src",
+        s(&src),
+        "--tgt",
+        s(&tgt),
+        "--out",
+        s(&run),
+        "--max-steps",
+        "1",
+        "--guided-alignment",
+        s(&align),
+        "--guided-alignment-layer",
+        "5",
+    ];
+    args.extend_from_slice(common::TINY);
+    let err = nmt_err(&args, b"");
+    assert!(
+        err.contains("--guided-alignment-layer 5: the model has decoder layers 0 to 0"),
+        "{err}"
+    );
 }

@@ -151,6 +151,8 @@ pub struct TrainConfig {
     pub guided_alignment: Option<PathBuf>,
     /// The guided-alignment cost's weight (Marian's default).
     pub guided_alignment_weight: f64,
+    /// The decoder layer guided alignment supervises (0-based); `None`: the last.
+    pub guided_alignment_layer: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -195,6 +197,7 @@ impl Default for TrainConfig {
             seed: 1,
             guided_alignment: None,
             guided_alignment_weight: 0.1,
+            guided_alignment_layer: None,
         }
     }
 }

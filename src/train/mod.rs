@@ -336,15 +336,19 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         (None, false) => Weights::init(cfg.seed, &job.device, job.dtype),
     };
     let model = Seq2Seq::new(&model_config, &weights)?;
-    // Guided alignment supervises the last decoder layer's first head (Marian's choice); the
-    // checkpoints record it for `translate --alignment`.
+    // Guided alignment supervises a decoder layer's first head, by default the last layer's
+    // (Marian's choice); the checkpoints record it for `translate --alignment`.
     let guide = match (
         &cfg.guided_alignment,
         &cfg.corpora[0].src,
         &cfg.corpora[0].tgt,
     ) {
         (Some(path), Some(src), Some(tgt)) => {
-            let layer = model_config.decoder_layers - 1;
+            let last = model_config.decoder_layers - 1;
+            let layer = cfg.guided_alignment_layer.unwrap_or(last);
+            if layer > last {
+                bail!("--guided-alignment-layer {layer}: the model has decoder layers 0 to {last}");
+            }
             let g = crate::align::guided::Guide::read(
                 path,
                 src,
