@@ -355,8 +355,8 @@ fn alignment_files_that_do_not_match_the_corpus_are_errors_naming_the_line() {
             "21 lines of alignments for a corpus of 20 lines",
         ),
     ];
-    for (text, want) in cases {
-        std::fs::write(&align, text).unwrap();
+    // `nmt train` guided by the file `a.align`, plus `extra`: its error message.
+    let train_err = |extra: &[&str]| {
         let mut args = vec![
             "train",
             "--src",
@@ -370,29 +370,18 @@ fn alignment_files_that_do_not_match_the_corpus_are_errors_naming_the_line() {
             "--guided-alignment",
             s(&align),
         ];
+        args.extend_from_slice(extra);
         args.extend_from_slice(common::TINY);
-        let err = nmt_err(&args, b"");
+        nmt_err(&args, b"")
+    };
+    for (text, want) in cases {
+        std::fs::write(&align, text).unwrap();
+        let err = train_err(&[]);
         assert!(err.contains(want), "{err}");
     }
     // A supervised layer the model does not have.
     std::fs::write(&align, "0-0\n".repeat(20)).unwrap();
-    let mut args = vec![
-        "train",
-        "--src",
-        s(&src),
-        "--tgt",
-        s(&tgt),
-        "--out",
-        s(&run),
-        "--max-steps",
-        "1",
-        "--guided-alignment",
-        s(&align),
-        "--guided-alignment-layer",
-        "5",
-    ];
-    args.extend_from_slice(common::TINY);
-    let err = nmt_err(&args, b"");
+    let err = train_err(&["--guided-alignment-layer", "5"]);
     assert!(
         err.contains("--guided-alignment-layer 5: the model has decoder layers 0 to 0"),
         "{err}"
