@@ -3,7 +3,8 @@
 //! few hundred rows by every weight matrix, so that packing (the whole 8 MB output projection
 //! at every step) cost as much as a third of the product. Here each weight is packed once per
 //! loaded model into panels of [`PANEL`] output columns stored input-major, and an AVX-512
-//! kernel multiplies up to [`panels::TILE_ROWS`] rows by one panel at a time with the panel in cache.
+//! kernel multiplies up to [`panels::TILE_ROWS`] rows by one panel at a time with the panel
+//! in cache.
 //! Elsewhere (no AVX-512, other architectures) [`Packed::new`] returns `None` and callers use
 //! the general path. It owns only the packed copies: trainable weights, which change at every
 //! step, must not be packed (`Linear` packs only weights loaded from a file). With
