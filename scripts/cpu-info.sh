@@ -3,9 +3,13 @@
 # peers' kernels choose between, for benchmark output (figures hold only for the CPU measured).
 set -euo pipefail
 model=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+# Hypervisors often hide the marketing name ("AMD EPYC"); family and model tell the generation
+# (AMD family 25 model 1 is Zen 3, model 17 Zen 4).
+family=$(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
+number=$(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')
 flags=$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-)
 simd=""
 for f in sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx_vnni amx_tile amx_int8 amx_bf16; do
   case " $flags " in *" $f "*) simd="$simd $f" ;; esac
 done
-echo "cpu: $model; $(nproc) cores; simd:$simd"
+echo "cpu: $model (family $family model $number); $(nproc) cores; simd:$simd"
