@@ -1,6 +1,6 @@
-//! Multi-head attention as the model uses it: projections, heads, and the choice between the
-//! whole-sequence op (training, encoding), one decoding step over the cache, and the
-//! composite for other devices (the ops choose their kernels).
+//! Multi-head attention as the model uses it: projections and heads around the attention ops
+//! of `ops::attention` (whole sequences in training and encoding, one query row per decoding
+//! step), which choose their kernels by device and dtype.
 
 use super::weights::Weights;
 use super::{Dropout, Linear};
@@ -103,29 +103,9 @@ impl Attention {
         self.out_proj.forward(&ctx)
     }
 
-    /// Attention of queries `x` (B, T, d) over keys/values (B, H, S, d_k); `bias` (B|1, 1, T|1, S)
-    /// holds 0 for visible keys and MASK_VALUE for hidden ones.
-    pub fn attend(
-        &self,
-        x: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        bias: Option<&Tensor>,
-        p_attn: f64,
-        drop: &Dropout,
-    ) -> Result<Tensor> {
-        if !drop.is_on() {
-            return self.attend_rows(x, k, v, bias, None);
-        }
-        let q = self.queries(x)?;
-        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
-        let probs = drop.apply(&ops::masked_softmax(&scores, bias)?, p_attn)?;
-        self.merge(&probs.matmul(v)?)
-    }
-
-    /// Self-attention over whole sequences `x` (B, T, d) with `bias` (B|1, 1, T|1, T). On the
-    /// CPU in f32 without attention dropout: one projection to stacked q, k and v and one
-    /// fused op; otherwise Candle's primitives.
+    /// Self-attention over whole sequences `x` (B, T, d) with `bias` (B|1, 1, T|1, T), its
+    /// probabilities dropped with `p_attn` in training: one projection to stacked q, k and v,
+    /// and one op.
     pub fn self_attend(
         &self,
         x: &Tensor,
@@ -133,20 +113,18 @@ impl Attention {
         p_attn: f64,
         drop: &Dropout,
     ) -> Result<Tensor> {
-        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
-            let qkv = match &self.qkv_proj {
-                Some(l) => l.forward(x)?,
-                None => Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])?.forward(x)?,
-            };
-            let ctx = ops::attention::self_attention(&qkv, self.heads, Some(bias))?;
-            return self.out_proj.forward(&ctx);
-        }
-        let (k, v) = self.keys_values(x)?;
-        self.attend(x, &k, &v, Some(bias), p_attn, drop)
+        let qkv = match &self.qkv_proj {
+            Some(l) => l.forward(x)?,
+            None => Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])?.forward(x)?,
+        };
+        let (b, t, _) = x.dims3()?;
+        let mask = drop.mask(b * self.heads * t * t, p_attn);
+        let ctx = ops::attention::self_attention(&qkv, self.heads, Some(bias), mask)?;
+        self.out_proj.forward(&ctx)
     }
 
     /// Attention of `x` (B, T, d) over the encoder output `memory` (B, S, d) with `bias`
-    /// (B|1, 1, 1, S), fused as `self_attend` is where it can be.
+    /// (B|1, 1, 1, S), as `self_attend`.
     pub fn cross_attend(
         &self,
         x: &Tensor,
@@ -155,14 +133,12 @@ impl Attention {
         p_attn: f64,
         drop: &Dropout,
     ) -> Result<Tensor> {
-        if ops::fused(x) && (p_attn <= 0.0 || !drop.is_on()) {
-            let q = self.q_proj.forward(x)?;
-            let kv = Linear::stack(&[&self.k_proj, &self.v_proj])?.forward(memory)?;
-            let ctx = ops::attention::cross_attention(&q, &kv, self.heads, Some(bias))?;
-            return self.out_proj.forward(&ctx);
-        }
-        let (k, v) = self.keys_values(memory)?;
-        self.attend(x, &k, &v, Some(bias), p_attn, drop)
+        let q = self.q_proj.forward(x)?;
+        let kv = Linear::stack(&[&self.k_proj, &self.v_proj])?.forward(memory)?;
+        let (b, t, _) = x.dims3()?;
+        let mask = drop.mask(b * self.heads * t * memory.dim(1)?, p_attn);
+        let ctx = ops::attention::cross_attention(&q, &kv, self.heads, Some(bias), mask)?;
+        self.out_proj.forward(&ctx)
     }
 
     /// Attention probabilities softmax(QKᵀ/√d_k) of queries `x` (B, T, d) over `memory`
@@ -186,9 +162,9 @@ impl Attention {
         self.merge(&ops::attend_steps(q, steps, history)?)
     }
 
-    /// Attention without dropout (evaluation, decoding). With `kv_rows`, query row b attends
-    /// over key/value row `kv_rows[b]` of k, v (B_kv, H, S, d_k) and bias (B_kv|1, 1, 1, S):
-    /// the beams of a sentence read one copy of its encoder keys.
+    /// Attention of one query row per batch row (decoding), for `x` (B, 1, d): with `kv_rows`,
+    /// row b attends over key/value row `kv_rows[b]` of k, v (B_kv, H, S, d_k) and bias
+    /// (B_kv|1, 1, 1, S): the beams of a sentence read one copy of its encoder keys.
     pub fn attend_rows(
         &self,
         x: &Tensor,
@@ -197,24 +173,6 @@ impl Attention {
         bias: Option<&Tensor>,
         kv_rows: Option<&[u32]>,
     ) -> Result<Tensor> {
-        let q = self.queries(x)?;
-        // One query per row: a fused kernel where there is one.
-        if let Some(ctx) = ops::attend_one(&q, k, v, bias, kv_rows)? {
-            return self.merge(&ctx);
-        }
-        let (k, v, bias) = match kv_rows {
-            None => (k.clone(), v.clone(), bias.cloned()),
-            Some(rows) => {
-                let idx = Tensor::new(rows, k.device())?;
-                let bias = match bias {
-                    Some(t) if t.dim(0)? > 1 => Some(t.index_select(&idx, 0)?),
-                    other => other.cloned(),
-                };
-                (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?, bias)
-            }
-        };
-        let scores = q.matmul(&k.t()?)?; // (B, H, T, S)
-        let probs = ops::masked_softmax(&scores, bias.as_ref())?;
-        self.merge(&probs.matmul(&v)?)
+        self.merge(&ops::attend_one(&self.queries(x)?, k, v, bias, kv_rows)?)
     }
 }

@@ -2,6 +2,7 @@
 //! and values so far and the cross-attention keys and values, laid out so that beam search
 //! reorders hypotheses and drops finished sentences without copying (on the CPU).
 
+use super::attention::Attention;
 use anyhow::Result;
 use candle_core::Tensor;
 
@@ -15,6 +16,44 @@ pub struct LayerCache {
     pub(super) steps: Vec<(Tensor, Tensor)>,
     /// Cross-attention keys and values, computed once per sentence, (N|B, H, S, d_k).
     pub(super) cross_kv: (Tensor, Tensor),
+}
+
+impl LayerCache {
+    /// Self-attention of this step's `x` (B, 1, d) over the steps so far, its own keys and
+    /// values kept: step by step as `history` (CPU) says, else concatenated per row.
+    pub(super) fn self_attend(
+        &mut self,
+        attn: &Attention,
+        x: &Tensor,
+        history: Option<&[Vec<u32>]>,
+    ) -> Result<Tensor> {
+        if let Some(history) = history {
+            let (q, k, v) = attn.queries_keys_values(x)?;
+            self.steps.push((k, v));
+            return attn.attend_steps(&q, &self.steps, history);
+        }
+        let (k, v) = attn.keys_values(x)?;
+        let (k, v) = match &self.self_kv {
+            Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+            None => (k, v),
+        };
+        let out = attn.attend_rows(x, &k, &v, None, None)?;
+        self.self_kv = Some((k, v));
+        Ok(out)
+    }
+
+    /// Cross-attention of this step's `x` (B, 1, d) over the cached encoder keys and values,
+    /// batch row b reading row `kv_rows[b]` where the beams of a sentence share them.
+    pub(super) fn cross_attend(
+        &self,
+        attn: &Attention,
+        x: &Tensor,
+        src_bias: &Tensor,
+        kv_rows: Option<&[u32]>,
+    ) -> Result<Tensor> {
+        let (k, v) = &self.cross_kv;
+        attn.attend_rows(x, k, v, Some(src_bias), kv_rows)
+    }
 }
 
 /// Decoder state between steps: one cache per layer, and which sentence each batch row

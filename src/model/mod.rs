@@ -632,21 +632,7 @@ impl Seq2Seq {
                 c.normalize_before,
                 0.0,
                 &drop,
-                |x| {
-                    if shared {
-                        let (q, k, v) = l.self_attn.queries_keys_values(x)?;
-                        lc.steps.push((k, v));
-                        return l.self_attn.attend_steps(&q, &lc.steps, history);
-                    }
-                    let (k, v) = l.self_attn.keys_values(x)?;
-                    let (k, v) = match &lc.self_kv {
-                        Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
-                        None => (k, v),
-                    };
-                    let out = l.self_attn.attend_rows(x, &k, &v, None, None)?;
-                    lc.self_kv = Some((k, v));
-                    Ok(out)
-                },
+                |x| lc.self_attend(&l.self_attn, x, shared.then_some(history.as_slice())),
             )?;
             h = residual(
                 &h,
@@ -654,15 +640,7 @@ impl Seq2Seq {
                 c.normalize_before,
                 0.0,
                 &drop,
-                |x| {
-                    l.encoder_attn.attend_rows(
-                        x,
-                        &lc.cross_kv.0,
-                        &lc.cross_kv.1,
-                        Some(src_bias),
-                        kv_rows,
-                    )
-                },
+                |x| lc.cross_attend(&l.encoder_attn, x, src_bias, kv_rows),
             )?;
             h = residual(
                 &h,

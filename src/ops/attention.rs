@@ -1,5 +1,6 @@
 //! Multi-head attention over whole sequences as one differentiable op with its own backward
-//! (CPU, f32): training, validation and teacher-forced scoring. Queries, keys and values are
+//! (CPU, f32; Candle's primitives elsewhere and with attention dropout, the composite that is
+//! also the oracle): training, validation and teacher-forced scoring. Queries, keys and values are
 //! read in place from the projections' outputs, (B, T, ·) with the heads side by side, and the
 //! context comes back as (B, T, d): no head transposes, no score tensors in the graph, and one
 //! gradient for the projections instead of one per intermediate. Decoding one step at a time
@@ -311,10 +312,21 @@ fn wrap(e: anyhow::Error) -> candle_core::Error {
 }
 
 /// softmax(q·kᵀ/√d_k + bias)·v over `heads` heads, with q, k and v the three (d)-wide column
-/// blocks of `qkv` (B, T, 3d), and `bias` (B|1, 1, T|1, T) additive. Returns (B, T, d).
-pub fn self_attention(qkv: &Tensor, heads: usize, bias: Option<&Tensor>) -> Result<Tensor> {
+/// blocks of `qkv` (B, T, 3d), and `bias` (B|1, 1, T|1, T) additive; with `dropout` (training)
+/// the probabilities are dropped before they weight the values. Returns (B, T, d). One fused
+/// op on the CPU in f32 without dropout; elsewhere Candle's primitives.
+pub fn self_attention(
+    qkv: &Tensor,
+    heads: usize,
+    bias: Option<&Tensor>,
+    dropout: Option<DropoutMask>,
+) -> Result<Tensor> {
     let (batch, t, cols) = qkv.dims3()?;
     let d = cols / 3;
+    if dropout.is_some() || !fused(qkv) {
+        let part = |i: usize| qkv.narrow(2, i * d, d);
+        return composite(&part(0)?, &part(1)?, &part(2)?, heads, bias, dropout);
+    }
     let g = Geometry {
         batch,
         t,
@@ -333,15 +345,21 @@ pub fn self_attention(qkv: &Tensor, heads: usize, bias: Option<&Tensor>) -> Resu
 }
 
 /// Attention of queries `q` (B, T, d) over keys and values, the two (d)-wide column blocks of
-/// `kv` (B, S, 2d), with `bias` (B|1, 1, T|1, S) additive. Returns (B, T, d).
+/// `kv` (B, S, 2d), with `bias` (B|1, 1, T|1, S) additive and `dropout` as in
+/// [`self_attention`]. Returns (B, T, d).
 pub fn cross_attention(
     q: &Tensor,
     kv: &Tensor,
     heads: usize,
     bias: Option<&Tensor>,
+    dropout: Option<DropoutMask>,
 ) -> Result<Tensor> {
     let (batch, t, d) = q.dims3()?;
     let s = kv.dim(1)?;
+    if dropout.is_some() || !fused(q) {
+        let part = |i: usize| kv.narrow(2, i * d, d);
+        return composite(q, &part(0)?, &part(1)?, heads, bias, dropout);
+    }
     let g = Geometry {
         batch,
         t,
@@ -356,6 +374,44 @@ pub fn cross_attention(
     };
     Ok(q.contiguous()?
         .apply_op2(&kv.contiguous()?, CrossAttention(Mha::new(g, bias)?))?)
+}
+
+/// The Candle composite of multi-head attention, for any device and dtype, and the oracle of
+/// the fused kernels: queries `q` (B, T, d) unscaled, keys and values (B, S, d) → (B, T, d).
+fn composite(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: usize,
+    bias: Option<&Tensor>,
+    dropout: Option<DropoutMask>,
+) -> Result<Tensor> {
+    let (b, t, d) = q.dims3()?;
+    let s = k.dim(1)?;
+    let split = |x: &Tensor, n: usize| -> Result<Tensor> {
+        Ok(x.reshape((b, n, heads, d / heads))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    };
+    let q = split(&(q * ((d / heads) as f64).powf(-0.5))?, t)?;
+    let ctx = heads_composite(&q, &split(k, s)?, &split(v, s)?, bias, dropout)?;
+    Ok(ctx.transpose(1, 2)?.reshape((b, t, d))?)
+}
+
+/// softmax(q·kᵀ + bias)·v with the heads apart: q (B, H, T, d_k) scaled, k and v
+/// (B, H, S, d_k) → (B, H, T, d_k).
+fn heads_composite(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+    dropout: Option<DropoutMask>,
+) -> candle_core::Result<Tensor> {
+    let mut probs = masked_softmax(&q.matmul(&k.t()?)?, bias)?;
+    if let Some(mask) = dropout {
+        probs = super::dropout(&probs, mask)?;
+    }
+    probs.matmul(v)
 }
 
 pub(crate) struct AttendOne {
@@ -428,19 +484,16 @@ pub fn step_kernels(memory: &Tensor) -> bool {
 /// Attention of one query position per row, for incremental decoding (no gradient): q
 /// (B, H, 1, d) already scaled, k and v (B_kv, H, S, d), bias (B_kv|1, 1, 1, S) or none.
 /// `kv_rows` (length B) names the key/value row of each query row, so that the beams of a
-/// sentence share one copy of its encoder keys; `None` pairs row b with row b. Returns `None`
-/// when this device or dtype has no fused kernel; the caller then uses the general path.
+/// sentence share one copy of its encoder keys; `None` pairs row b with row b. A fused kernel
+/// on the CPU in f32; elsewhere the rows are gathered and Candle's primitives attend.
 pub fn attend_one(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     bias: Option<&Tensor>,
     kv_rows: Option<&[u32]>,
-) -> candle_core::Result<Option<Tensor>> {
-    if !fused(q) || q.dim(2)? != 1 {
-        return Ok(None);
-    }
-    let (b, h, _, _) = q.dims4()?;
+) -> candle_core::Result<Tensor> {
+    let (b, h, t, _) = q.dims4()?;
     let (b_kv, _, s, _) = k.dims4()?;
     match kv_rows {
         Some(rows) if rows.len() != b || rows.iter().any(|&r| r as usize >= b_kv) => {
@@ -449,18 +502,29 @@ pub fn attend_one(
         None if b != b_kv => candle_core::bail!("attend_one: {b} queries, {b_kv} key rows"),
         _ => {}
     }
+    let one_row_bias = match bias {
+        Some(t) => matches!(t.dims4()?, (n, _, 1, _) if n == b_kv || n == 1),
+        None => true,
+    };
+    if !fused(q) || t != 1 || !one_row_bias {
+        let Some(rows) = kv_rows else {
+            return heads_composite(q, k, v, bias, None);
+        };
+        let idx = Tensor::new(rows, k.device())?;
+        let bias = match bias {
+            Some(t) if t.dim(0)? > 1 => Some(t.index_select(&idx, 0)?),
+            other => other.cloned(),
+        };
+        let (k, v) = (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?);
+        return heads_composite(q, &k, &v, bias.as_ref(), None);
+    }
     let bias = match bias {
-        Some(t) if t.dims4()?.0 == b_kv && t.dims4()?.2 == 1 => {
-            t.flatten_all()?.to_vec1::<f32>()?
-        }
-        Some(t) if t.dims4()?.0 == 1 && t.dims4()?.2 == 1 => {
-            t.flatten_all()?.to_vec1::<f32>()?.repeat(b_kv)
-        }
-        Some(_) => return Ok(None),
+        Some(t) if t.dim(0)? == b_kv => t.flatten_all()?.to_vec1::<f32>()?,
+        Some(t) => t.flatten_all()?.to_vec1::<f32>()?.repeat(b_kv),
         None => Vec::new(),
     };
     debug_assert!(bias.is_empty() || bias.len() == b_kv * s);
-    Ok(Some(q.contiguous()?.apply_op3_no_bwd(
+    q.contiguous()?.apply_op3_no_bwd(
         &k.contiguous()?,
         &v.contiguous()?,
         &AttendOne {
@@ -468,7 +532,7 @@ pub fn attend_one(
             bias,
             kv_rows: kv_rows.map(<[u32]>::to_vec).unwrap_or_default(),
         },
-    )?))
+    )
 }
 
 /// softmax(q·kⱼ + biasⱼ)-weighted sum of the values vⱼ for one query row `qr` over `n` keys
@@ -613,10 +677,14 @@ mod tests {
         }
         let bias = Tensor::from_vec(bias, (b, 1, t, t), &dev).unwrap();
         let w = Tensor::randn(0f32, 1., (b, t, d), &dev).unwrap();
-        let fused = self_attention(qkv.as_tensor(), heads, Some(&bias)).unwrap();
+        let fused = self_attention(qkv.as_tensor(), heads, Some(&bias), None).unwrap();
         let part = |i: usize| qkv.as_tensor().narrow(2, i * d, d).unwrap();
         let plain = composite(&part(0), &part(1), &part(2), heads, &bias);
         close(&fused, &plain);
+        // Other dtypes (and devices) take the op's own composite path: the same values.
+        let f64s = |t: &Tensor| t.to_dtype(candle_core::DType::F64).unwrap();
+        let general = self_attention(&f64s(qkv.as_tensor()), heads, Some(&f64s(&bias)), None);
+        close(&general.unwrap().to_dtype(candle_core::DType::F32).unwrap(), &plain);
         let grad = |y: &Tensor| {
             (y * &w)
                 .unwrap()
@@ -646,10 +714,20 @@ mod tests {
         )
         .unwrap();
         let w = Tensor::randn(0f32, 1., (b, t, d), &dev).unwrap();
-        let fused = cross_attention(q.as_tensor(), kv.as_tensor(), heads, Some(&bias)).unwrap();
+        let fused =
+            cross_attention(q.as_tensor(), kv.as_tensor(), heads, Some(&bias), None).unwrap();
         let part = |i: usize| kv.as_tensor().narrow(2, i * d, d).unwrap();
         let plain = composite(q.as_tensor(), &part(0), &part(1), heads, &bias);
         close(&fused, &plain);
+        let f64s = |t: &Tensor| t.to_dtype(candle_core::DType::F64).unwrap();
+        let general = cross_attention(
+            &f64s(q.as_tensor()),
+            &f64s(kv.as_tensor()),
+            heads,
+            Some(&f64s(&bias)),
+            None,
+        );
+        close(&general.unwrap().to_dtype(candle_core::DType::F32).unwrap(), &plain);
         let grads = |y: &Tensor| {
             let g = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
             (
