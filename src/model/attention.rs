@@ -14,9 +14,10 @@ pub struct Attention {
     pub(super) k_proj: Linear,
     pub(super) v_proj: Linear,
     pub(super) out_proj: Linear,
-    /// Decoder self-attention with loaded weights: q, k and v projections stacked into one
-    /// (3d, d) layer, so that a decoding step makes one product (one parallel region) instead
-    /// of three. Other attentions never use it and have none.
+    /// Self-attention with loaded weights: q, k and v projections stacked into one (3d, d)
+    /// layer, packed once for the inference kernels, so that a decoding step makes one product
+    /// (one parallel region) instead of three and the encoder stacks no weights per call.
+    /// Cross-attention and trainable weights have none.
     pub(super) qkv_proj: Option<Linear>,
     pub(super) heads: usize,
     pub(super) head_dim: usize,

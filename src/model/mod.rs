@@ -277,7 +277,7 @@ impl Seq2Seq {
                         &format!("{p}.self_attn"),
                         d,
                         config.encoder_attention_heads,
-                        false,
+                        true,
                     )?,
                     self_attn_layer_norm: LayerNorm::new(
                         w,

@@ -2,16 +2,17 @@
 //! its weight operand into cache-friendly panels on every call; a decoding step multiplies a
 //! few hundred rows by every weight matrix, so that packing (the whole 8 MB output projection
 //! at every step) cost as much as a third of the product. Here each weight is packed once per
-//! loaded model into panels of [`PANEL`] output columns stored input-major, and an AVX-512
-//! kernel multiplies up to [`panels::TILE_ROWS`] rows by one panel at a time with the panel
-//! in cache.
-//! Elsewhere (no AVX-512, other architectures) [`Packed::new`] returns `None` and callers use
+//! loaded model into panels of [`PANEL`] output columns stored input-major, and a kernel
+//! multiplies a few rows by one panel at a time with the panel in cache: up to
+//! [`panels::TILE_ROWS`] rows with AVX-512; with AVX2 (half the registers, each half as
+//! wide) six rows by half a panel. Both sum in the same order: their results are equal bit for bit.
+//! Elsewhere (no AVX2, other architectures) [`Packed::new`] returns `None` and callers use
 //! the general path. It owns only the packed copies: trainable weights, which change at every
 //! step, must not be packed (`Linear` packs only weights loaded from a file). With
 //! [`ComputeType::Int8`] the cell holds the layer quantized to int8 instead ([`super::int8`]).
 
 use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
-use super::cpu::{has_avx512, OutPtr};
+use super::cpu::{has_avx2, has_avx512, OutPtr};
 use super::int8::{self, Int8Linear};
 use candle_core::{DType, Result, Tensor};
 use std::sync::OnceLock;
@@ -19,7 +20,8 @@ use std::sync::OnceLock;
 /// How the linear layers of a loaded model compute (`--compute-type`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ComputeType {
-    /// In f32, through the packed AVX-512 kernel where it runs, else the general product.
+    /// In f32, through the packed kernel where it runs (AVX-512 or AVX2), else the general
+    /// product.
     #[default]
     Float32,
     /// Weights and inputs quantized to int8 ([`super::int8`]); CPU only.
@@ -49,7 +51,7 @@ impl PackedCell {
 
     /// `x` (..., in) times `weight` (out, in) transposed plus `bias`, then ReLU when `relu`,
     /// through the packed or int8 kernel; `None` where no such kernel runs (another device or
-    /// dtype, f32 without AVX-512), and the caller takes the general path.
+    /// dtype, f32 without AVX2), and the caller takes the general path.
     pub fn forward(
         &self,
         x: &Tensor,
@@ -62,7 +64,7 @@ impl PackedCell {
         }
         if self.packed.get().is_none() {
             let kernel = match self.compute {
-                ComputeType::Float32 => Packed::new(weight, bias)?.map(Kernel::F32),
+                ComputeType::Float32 => Packed::new(weight, bias, has_avx512())?.map(Kernel::F32),
                 ComputeType::Int8 => Some(Kernel::Int8(Int8Linear::new(
                     weight,
                     bias,
@@ -95,13 +97,20 @@ pub struct Packed {
     panels: Vec<f32>,
     /// The bias, zero-padded to whole panels.
     bias: Vec<f32>,
+    /// Whether the AVX-512 kernel runs (else the AVX2 one).
+    avx512: bool,
 }
 
 impl Packed {
-    /// Packs `weight` (out, in) and `bias` (out, or 1×out), both CPU f32; `None` where the
-    /// kernel cannot run (other devices or dtypes, no AVX-512).
-    pub fn new(weight: &Tensor, bias: &Tensor) -> Result<Option<Self>> {
-        if !has_avx512() || !weight.device().is_cpu() || weight.dtype() != candle_core::DType::F32 {
+    /// Packs `weight` (out, in) and `bias` (out, or 1×out), both CPU f32, for the AVX-512
+    /// kernel when `avx512` is set and the CPU has it, else for the AVX2 one; `None` where no
+    /// kernel can run (other devices or dtypes, no AVX2).
+    pub fn new(weight: &Tensor, bias: &Tensor, avx512: bool) -> Result<Option<Self>> {
+        let avx512 = avx512 && has_avx512();
+        if !(avx512 || has_avx2())
+            || !weight.device().is_cpu()
+            || weight.dtype() != candle_core::DType::F32
+        {
             return Ok(None);
         }
         let (n_out, k) = weight.dims2()?;
@@ -118,26 +127,48 @@ impl Packed {
             k,
             panels,
             bias,
+            avx512,
         }))
     }
 
-    /// All rows times panel `p`, TILE_ROWS rows at a time.
+    /// All rows times panel `p`: TILE_ROWS rows at a time with AVX-512; with AVX2 by halves.
     #[cfg(target_arch = "x86_64")]
     unsafe fn panel_rows(&self, p: usize, x: &[f32], rows: usize, out: &OutPtr, relu: bool) {
-        let panel = self.panels.as_ptr().add(p * self.k * PANEL);
-        let bias = self.bias.as_ptr().add(p * PANEL);
-        let cols = PANEL.min(self.n_out - p * PANEL);
-        let y = out.at(p * PANEL);
-        by_tiles!(rows, tile, |r0| Tile {
+        let tile_at = |r0: usize| Tile {
             k: self.k,
             x: x.as_ptr().add(r0 * self.k),
-            panel,
-            bias,
-            y: y.add(r0 * self.n_out),
+            panel: self.panels.as_ptr().add(p * self.k * PANEL),
+            bias: self.bias.as_ptr().add(p * PANEL),
+            y: out.at(p * PANEL).add(r0 * self.n_out),
             y_stride: self.n_out,
-            cols,
+            cols: PANEL.min(self.n_out - p * PANEL),
             relu,
-        });
+        };
+        if self.avx512 {
+            by_tiles!(rows, tile, |r0| tile_at(r0));
+            return;
+        }
+        // AVX2: each 16-column half of the panel (a quarter of L1) in turn, six rows at a time.
+        let cols = PANEL.min(self.n_out - p * PANEL);
+        for half in 0..cols.div_ceil(HALF) {
+            let mut r0 = 0;
+            while r0 < rows {
+                let mut t = tile_at(r0);
+                t.panel = t.panel.add(half * HALF);
+                t.bias = t.bias.add(half * HALF);
+                t.y = t.y.add(half * HALF);
+                t.cols = HALF.min(cols - half * HALF);
+                match (rows - r0).min(6) {
+                    6 => tile_avx2::<6>(&t),
+                    5 => tile_avx2::<5>(&t),
+                    4 => tile_avx2::<4>(&t),
+                    3 => tile_avx2::<3>(&t),
+                    2 => tile_avx2::<2>(&t),
+                    _ => tile_avx2::<1>(&t),
+                }
+                r0 += 6;
+            }
+        }
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -182,6 +213,40 @@ unsafe fn tile<const R: usize>(t: &Tile) {
     }
 }
 
+/// Columns of a panel that the AVX2 kernel computes at a time: two 8-lane registers.
+const HALF: usize = PANEL / 2;
+
+/// [`tile`] with AVX2 for R (≤ 6) rows and one [`HALF`] of the panel (`t.panel`, `t.bias`
+/// and `t.y` pointing at its first column): the same multiply-adds in the same order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const R: usize>(t: &Tile) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for kk in 0..t.k {
+        let w = t.panel.add(kk * PANEL);
+        let (w0, w1) = (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let xv = _mm256_set1_ps(*t.x.add(r * t.k + kk));
+            acc[0] = _mm256_fmadd_ps(xv, w0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(xv, w1, acc[1]);
+        }
+    }
+    let zero = _mm256_setzero_ps();
+    for (r, acc) in acc.iter().enumerate() {
+        let mut row = [0f32; HALF];
+        for (i, &a) in acc.iter().enumerate() {
+            let mut v = _mm256_add_ps(_mm256_loadu_ps(t.bias.add(8 * i)), a);
+            if t.relu {
+                v = _mm256_max_ps(v, zero);
+            }
+            _mm256_storeu_ps(row.as_mut_ptr().add(8 * i), v);
+        }
+        // Lanes of the last panel past the layer's outputs are not written.
+        std::ptr::copy_nonoverlapping(row.as_ptr(), t.y.add(r * t.y_stride), t.cols);
+    }
+}
+
 impl RowKernel for Packed {
     const NAME: &'static str = "nmt-packed-linear";
 
@@ -194,7 +259,8 @@ impl RowKernel for Packed {
             self.n_out.div_ceil(PANEL),
             rows * self.n_out * self.k,
             |p| {
-                // SAFETY: `has_avx512()` was checked when this value was built; x holds rows × k
+                // SAFETY: the kernel's CPU features were checked when this value was built
+                // (`has_avx512()`, else `has_avx2()`); x holds rows × k
                 // values, each panel k × PANEL, and panel p writes only columns p·PANEL.. of y
                 // (rows × n_out), disjoint from every other panel's.
                 unsafe { self.panel_rows(p, x, rows, out, relu) }
@@ -222,8 +288,9 @@ mod tests {
             let x = Tensor::randn(0f32, 1.0, (rows, k), &dev).unwrap();
             let w = Tensor::randn(0f32, 1.0, (n_out, k), &dev).unwrap();
             let b = Tensor::randn(0f32, 1.0, n_out, &dev).unwrap();
-            let Some(p) = Packed::new(&w, &b).unwrap() else {
-                return; // no AVX-512 here: callers take the general path
+            let Some(p) = Packed::new(&w, &b, true).unwrap() else {
+                eprintln!("not compared: this CPU has neither AVX-512 nor AVX2");
+                return;
             };
             for relu in [false, true] {
                 let mut want = x
@@ -239,5 +306,25 @@ mod tests {
                 assert!(diff < 1e-4, "{rows}×{k}·{k}×{n_out} relu {relu}: {diff}");
             }
         }
+    }
+
+    /// The AVX2 kernel sums as the AVX-512 one does: the same bits, so a model translates
+    /// alike on both kinds of CPU.
+    #[test]
+    fn the_avx2_kernel_equals_the_avx512_one_bit_for_bit() {
+        if !(has_avx512() && has_avx2()) {
+            eprintln!("not compared: this CPU lacks AVX-512 or AVX2");
+            return;
+        }
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (11, 70), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (45, 70), &dev).unwrap();
+        let b = Tensor::randn(0f32, 1.0, 45, &dev).unwrap();
+        let run = |avx512: bool| {
+            let p = Packed::new(&w, &b, avx512).unwrap().unwrap();
+            p.forward(&x, true).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        let (wide, narrow) = (run(true), run(false));
+        assert!(wide.iter().zip(&narrow).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }
