@@ -429,6 +429,9 @@ pub struct TranslateArgs {
     pub batch_size: usize,
     /// Lines read ahead, in batches, and sorted by length before batching (Marian's
     /// --maxi-batch): batches of similar lengths decode faster. Output order is unchanged.
+    /// Input from a file or pipe is read in whole windows (a program that writes one line
+    /// and waits for its translation sets --batch-size 1 --maxi-batch 1); lines typed at a
+    /// terminal are translated as they come.
     #[arg(long, default_value_t = 10, value_name = "BATCHES")]
     pub maxi_batch: usize,
     /// Device.

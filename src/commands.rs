@@ -576,6 +576,7 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         stdin_lines(),
         &mut out,
         args.batch_size.saturating_mul(args.maxi_batch),
+        std::io::stdin().is_terminal(),
         &opts,
         &format,
     )

@@ -315,15 +315,18 @@ fn write_translation(
     Ok(())
 }
 
-/// Reads `input` to the end, translating windows of at most `window` lines made of the lines
-/// already available (so an interactive line is translated when Enter is pressed; a file is
-/// read `window` lines at a time, like Marian's maxi-batch), and writes one result per input
-/// line, in order, flushing after each window.
+/// Reads `input` to the end, translating windows of `window` lines (the last one shorter),
+/// like Marian's maxi-batch, and writes one result per input line, in order, flushing after
+/// each window. The windows do not depend on how fast the input arrives, so a file translates
+/// alike every time (sentences batched together share padding and kernel shapes, which can
+/// move a score in its last bits and, through int8 rounding, a word). `interactive` input (a
+/// terminal) is translated as it comes instead: a window holds the lines already typed.
 pub fn stream(
     m: &LoadedModel,
     mut input: LineReader,
     out: &mut impl Write,
     window: usize,
+    interactive: bool,
     opts: &SearchOptions,
     f: &OutputFormat,
 ) -> Result<()> {
@@ -342,13 +345,18 @@ pub fn stream(
             let mut batch = vec![first?];
             let mut failure = None;
             while batch.len() < window.max(1) {
-                match rx.try_recv() {
-                    Ok(Ok(l)) => batch.push(l),
-                    Ok(Err(e)) => {
+                let next = if interactive {
+                    rx.try_recv().ok()
+                } else {
+                    rx.recv().ok()
+                };
+                match next {
+                    Some(Ok(l)) => batch.push(l),
+                    Some(Err(e)) => {
                         failure = Some(e);
                         break;
                     }
-                    Err(_) => break,
+                    None => break,
                 }
             }
             let translations = translate_batch(&m.model, &m.tokenizer, &batch, index + 1, opts)?;

@@ -337,3 +337,67 @@ fn int8_translations_are_stable_and_close_to_float32() {
     // The scores show that the quantized layers ran.
     assert!(same.iter().any(|(a, b)| a.1 != b.1));
 }
+
+/// Lines from a file or pipe are translated in whole windows, however they arrive: input
+/// that pauses half way gives byte for byte what the same input at once gives, and nothing is
+/// written before the window is full or the input ends. (Sentences batched together share
+/// padding and kernel shapes, so windows made of whatever had arrived changed scores, and
+/// int8 translations, from run to run.)
+#[test]
+fn piped_input_is_translated_in_windows_that_do_not_depend_on_its_timing() {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+    let model = toy();
+    let sources = std::fs::read_to_string(model.join("sources.txt")).unwrap();
+    let lines: Vec<&str> = sources.lines().collect();
+    assert!(lines.len() >= 4, "the fixture has too few lines");
+    let args = [
+        "translate",
+        "--model",
+        s(&model),
+        "--scores",
+        "--compute-type",
+        "int8",
+    ];
+    let at_once = nmt_ok(&args, sources.as_bytes());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nmt"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let reader = {
+        let got = got.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    let mut stdin = child.stdin.take().unwrap();
+    let half = lines.len() / 2;
+    for l in &lines[..half] {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    stdin.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(
+        got.lock().unwrap().is_empty(),
+        "translations were written before the window was full"
+    );
+    for l in &lines[half..] {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap();
+    assert_eq!(String::from_utf8(got.lock().unwrap().clone()).unwrap(), at_once);
+}
