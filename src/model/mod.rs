@@ -277,7 +277,7 @@ impl Seq2Seq {
                         &format!("{p}.self_attn"),
                         d,
                         config.encoder_attention_heads,
-                        true,
+                        Some(ComputeType::Float32),
                     )?,
                     self_attn_layer_norm: LayerNorm::new(
                         w,
@@ -298,7 +298,7 @@ impl Seq2Seq {
                         &format!("{p}.self_attn"),
                         d,
                         config.decoder_attention_heads,
-                        true,
+                        Some(w.compute()),
                     )?,
                     self_attn_layer_norm: LayerNorm::new(
                         w,
@@ -310,7 +310,7 @@ impl Seq2Seq {
                         &format!("{p}.encoder_attn"),
                         d,
                         config.decoder_attention_heads,
-                        false,
+                        None,
                     )?,
                     encoder_attn_layer_norm: LayerNorm::new(
                         w,

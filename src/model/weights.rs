@@ -143,6 +143,11 @@ impl Weights {
         Self { compute, ..self }
     }
 
+    /// How loaded linear layers compute (`--compute-type`).
+    pub fn compute(&self) -> ComputeType {
+        self.compute
+    }
+
     /// How a linear layer made from these weights computes: `None` for trainable variables,
     /// which change at every step and keep the general product.
     pub fn packing(&self) -> Option<ComputeType> {
