@@ -69,10 +69,12 @@ impl Bias {
 }
 
 /// The op: context and, kept for the backward pass, the attention probabilities (B, H, T, S).
+/// Without a gradient to compute (`rows`: inference), one query row at a time instead.
 struct Mha {
     g: Geometry,
     bias: Bias,
     probs: Mutex<Vec<f32>>,
+    rows: bool,
 }
 
 /// The (T|S, d_k) block of head h in batch row b of an input: rows `rows`, `cols` wide,
@@ -185,17 +187,25 @@ fn backward_row(
 }
 
 impl Mha {
-    fn new(g: Geometry, bias: Option<&Tensor>) -> Result<Self> {
+    /// `rows`: no gradient will be asked for.
+    fn new(g: Geometry, bias: Option<&Tensor>, rows: bool) -> Result<Self> {
         Ok(Self {
             bias: Bias::new(bias, g.s)?,
             g,
             probs: Mutex::new(Vec::new()),
+            rows,
         })
     }
 
     fn forward(&self, q: &[f32], kv: &[f32]) -> (CpuStorage, Shape) {
         let g = &self.g;
         let (t, s, d) = (g.t, g.s, g.d());
+        if self.rows {
+            return (
+                CpuStorage::F32(self.forward_rows(q, kv)),
+                Shape::from((g.batch, t, d)),
+            );
+        }
         let mut probs = vec![0f32; g.batch * g.heads * t * s];
         let mut ctx = vec![0f32; g.batch * t * d];
         probs
@@ -205,6 +215,40 @@ impl Mha {
             .for_each(|(b, (p, c))| forward_row(g, &self.bias, b, q, kv, p, c));
         *self.probs.lock().unwrap_or_else(|e| e.into_inner()) = probs;
         (CpuStorage::F32(ctx), Shape::from((g.batch, t, d)))
+    }
+
+    /// The context, one (sentence, position, head) row at a time over its keys, as the
+    /// decoding kernels attend: each row's result depends on its own sentence only, not on
+    /// the batch's size and padding as a matrix product's blocking does, so a sentence
+    /// translates alike in any batch (`translate`'s windows, `serve`'s merged requests).
+    fn forward_rows(&self, q: &[f32], kv: &[f32]) -> Vec<f32> {
+        let g = &self.g;
+        let (t, s, dk) = (g.t, g.s, g.head_dim);
+        let scale = (dk as f32).powf(-0.5);
+        let mut ctx = vec![0f32; g.batch * t * g.d()];
+        ctx.par_chunks_mut(dk).enumerate().for_each(|(r, o)| {
+            let (b, i, h) = (r / (t * g.heads), (r / g.heads) % t, r % g.heads);
+            let qr: Vec<f32> = head(q, g, b, h, t, g.q_cols, g.q_off)[i * g.q_cols..][..dk]
+                .iter()
+                .map(|x| x * scale)
+                .collect();
+            let keys = head(kv, g, b, h, s, g.kv_cols, g.k_off);
+            let values = head(kv, g, b, h, s, g.kv_cols, g.v_off);
+            wide(
+                #[inline(always)]
+                || {
+                    attend_row(
+                        &qr,
+                        s,
+                        |j| &keys[j * g.kv_cols..][..dk],
+                        |j| &values[j * g.kv_cols..][..dk],
+                        Some(self.bias.row(b, i, s)),
+                        o,
+                    )
+                },
+            );
+        });
+        ctx
     }
 
     /// Gradients for the query input and the key/value input, laid out as those inputs
@@ -339,9 +383,8 @@ pub fn self_attention(
         k_off: d,
         v_off: 2 * d,
     };
-    Ok(qkv
-        .contiguous()?
-        .apply_op1(SelfAttention(Mha::new(g, bias)?))?)
+    let op = SelfAttention(Mha::new(g, bias, !qkv.track_op())?);
+    Ok(qkv.contiguous()?.apply_op1(op)?)
 }
 
 /// Attention of queries `q` (B, T, d) over keys and values, the two (d)-wide column blocks of
@@ -372,8 +415,8 @@ pub fn cross_attention(
         k_off: 0,
         v_off: d,
     };
-    Ok(q.contiguous()?
-        .apply_op2(&kv.contiguous()?, CrossAttention(Mha::new(g, bias)?))?)
+    let op = CrossAttention(Mha::new(g, bias, !(q.track_op() || kv.track_op()))?);
+    Ok(q.contiguous()?.apply_op2(&kv.contiguous()?, op)?)
 }
 
 /// The Candle composite of multi-head attention, for any device and dtype, and the oracle of
@@ -684,7 +727,10 @@ mod tests {
         // Other dtypes (and devices) take the op's own composite path: the same values.
         let f64s = |t: &Tensor| t.to_dtype(candle_core::DType::F64).unwrap();
         let general = self_attention(&f64s(qkv.as_tensor()), heads, Some(&f64s(&bias)), None);
-        close(&general.unwrap().to_dtype(candle_core::DType::F32).unwrap(), &plain);
+        close(
+            &general.unwrap().to_dtype(candle_core::DType::F32).unwrap(),
+            &plain,
+        );
         let grad = |y: &Tensor| {
             (y * &w)
                 .unwrap()
@@ -697,6 +743,38 @@ mod tests {
                 .clone()
         };
         close(&grad(&fused), &grad(&plain));
+    }
+
+    /// Without a gradient (translation), a sentence's attention is the same, bit for bit, alone
+    /// or padded in a batch: its translation does not depend on what it is batched with.
+    #[test]
+    fn inference_attention_does_not_depend_on_the_batch() {
+        let dev = Device::Cpu;
+        let (t, pad, heads, d) = (12, 30, 2, 128);
+        let alone = Tensor::randn(0f32, 1., (1, t, 3 * d), &dev).unwrap();
+        let rest = Tensor::randn(0f32, 1., (1, pad - t, 3 * d), &dev).unwrap();
+        let other = Tensor::randn(0f32, 1., (1, pad, 3 * d), &dev).unwrap();
+        let batch = Tensor::cat(&[&Tensor::cat(&[&alone, &rest], 1).unwrap(), &other], 0).unwrap();
+        let keys = |n: usize, width: usize| -> Vec<f32> {
+            (0..width).map(|j| if j < n { 0.0 } else { -1e9 }).collect()
+        };
+        let bias_alone = Tensor::from_vec(keys(t, t), (1, 1, 1, t), &dev).unwrap();
+        let bias_batch = Tensor::from_vec(
+            [keys(t, pad), keys(pad, pad)].concat(),
+            (2, 1, 1, pad),
+            &dev,
+        )
+        .unwrap();
+        let one = self_attention(&alone, heads, Some(&bias_alone), None).unwrap();
+        let both = self_attention(&batch, heads, Some(&bias_batch), None).unwrap();
+        let bits = |x: &Tensor| -> Vec<u32> {
+            let v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+            v.iter().map(|f| f.to_bits()).collect()
+        };
+        assert_eq!(
+            bits(&one),
+            bits(&both.narrow(0, 0, 1).unwrap().narrow(1, 0, t).unwrap())
+        );
     }
 
     #[test]
@@ -727,7 +805,10 @@ mod tests {
             Some(&f64s(&bias)),
             None,
         );
-        close(&general.unwrap().to_dtype(candle_core::DType::F32).unwrap(), &plain);
+        close(
+            &general.unwrap().to_dtype(candle_core::DType::F32).unwrap(),
+            &plain,
+        );
         let grads = |y: &Tensor| {
             let g = (y * &w).unwrap().sum_all().unwrap().backward().unwrap();
             (
