@@ -399,5 +399,8 @@ fn piped_input_is_translated_in_windows_that_do_not_depend_on_its_timing() {
     drop(stdin);
     assert!(child.wait().unwrap().success());
     reader.join().unwrap();
-    assert_eq!(String::from_utf8(got.lock().unwrap().clone()).unwrap(), at_once);
+    assert_eq!(
+        String::from_utf8(got.lock().unwrap().clone()).unwrap(),
+        at_once
+    );
 }

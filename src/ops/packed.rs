@@ -322,9 +322,17 @@ mod tests {
         let b = Tensor::randn(0f32, 1.0, 45, &dev).unwrap();
         let run = |avx512: bool| {
             let p = Packed::new(&w, &b, avx512).unwrap().unwrap();
-            p.forward(&x, true).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            p.forward(&x, true)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
         };
         let (wide, narrow) = (run(true), run(false));
-        assert!(wide.iter().zip(&narrow).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(wide
+            .iter()
+            .zip(&narrow)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }

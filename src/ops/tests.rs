@@ -362,7 +362,13 @@ fn attend_one_with_shared_rows_equals_copied_rows() {
     assert_eq!(max_diff(&shared, &copied), 0.0);
     // Elsewhere (here f64) the rows are gathered for Candle's primitives: the same values.
     let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
-    let general = attend_one(&f64s(&q), &f64s(&k), &f64s(&v), Some(&f64s(&bias)), Some(&rows));
+    let general = attend_one(
+        &f64s(&q),
+        &f64s(&k),
+        &f64s(&v),
+        Some(&f64s(&bias)),
+        Some(&rows),
+    );
     assert!(max_diff(&general.unwrap().to_dtype(DType::F32).unwrap(), &shared) < 1e-6);
     // Rows out of range are an error, not a read past the keys.
     assert!(attend_one(&q, &k, &v, None, Some(&[0, 2, 1])).is_err());
