@@ -579,7 +579,7 @@ impl Seq2Seq {
             .collect();
         // The CPU kernel reads each sentence's keys for all its beams; elsewhere the rows are
         // laid out per hypothesis.
-        let shared_cross = ops::attention::step_kernels(memory);
+        let shared_cross = ops::step_attention::step_kernels(memory);
         let expand = |t: Tensor| -> Result<Tensor> {
             if shared_cross || beams == 1 {
                 return Ok(t);

@@ -17,11 +17,11 @@ pub mod linear;
 pub mod packed;
 pub mod residual_norm;
 pub mod softmax;
+pub mod step_attention;
 #[cfg(test)]
 pub(crate) mod tests;
 pub mod with_grad;
 
-pub use attention::{attend_one, attend_steps};
 pub use cpu::{exp_sum, fast_exp, row_max, wide};
 pub use cross_entropy::{projected_cross_entropy, smoothed_cross_entropy};
 pub use dropout::{add_dropout, dropout, DropoutMask};
@@ -30,6 +30,7 @@ pub use layer_norm::layer_norm;
 pub use linear::linear;
 pub use residual_norm::residual_norm;
 pub use softmax::masked_softmax;
+pub use step_attention::{attend_one, attend_steps};
 
 use candle_core::{CpuStorage, DType, Layout, Result, Tensor};
 

@@ -1,6 +1,5 @@
 //! Each op against its Candle composite (the oracle), values and gradients.
 
-use super::attention::*;
 use super::cpu::*;
 use super::cross_entropy::*;
 use super::dropout::*;
