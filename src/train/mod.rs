@@ -6,6 +6,7 @@ pub mod config;
 pub mod data;
 pub mod loss;
 pub mod loss_scale;
+mod metrics;
 pub mod optim;
 #[cfg(feature = "cuda")]
 mod optim_cuda;
@@ -26,9 +27,10 @@ use candle_core::{DType, Device, Tensor};
 use config::{parse_duration, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use loss_scale::LossScaler;
+use metrics::MetricsLog;
 use optim::{Adam, AdamConfig};
 use serde_json::json;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -100,43 +102,6 @@ fn model_config(cfg: &TrainConfig, tok: &SubwordTokenizer) -> ModelConfig {
     m.activation_dropout = cfg.activation_dropout;
     m.max_position_embeddings = cfg.max_positions;
     m
-}
-
-/// Appends JSON lines to metrics.jsonl, one whole line per write, synced.
-struct MetricsLog {
-    file: std::fs::File,
-    path: PathBuf,
-}
-
-impl MetricsLog {
-    /// Opens the log; on resume drops records after `step` and any half-written last line.
-    fn open(path: &Path, resume_step: Option<usize>) -> Result<Self> {
-        let kept: String = match (resume_step, std::fs::read_to_string(path)) {
-            (Some(step), Ok(text)) => text
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| v["step"].as_u64().is_some_and(|s| s as usize <= step))
-                .map(|v| v.to_string() + "\n")
-                .collect(),
-            _ => String::new(),
-        };
-        crate::io::write_atomic(path, kept.as_bytes())?;
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path)
-            .with_context(|| format!("{}: cannot open", path.display()))?;
-        Ok(Self {
-            file,
-            path: path.to_path_buf(),
-        })
-    }
-
-    fn write(&mut self, record: serde_json::Value) -> Result<()> {
-        self.file
-            .write_all((record.to_string() + "\n").as_bytes())
-            .and_then(|()| self.file.sync_data())
-            .with_context(|| format!("{}: cannot write", self.path.display()))
-    }
 }
 
 /// Validation results.
