@@ -257,21 +257,32 @@ macro_rules! widest {
 }
 use widest;
 
-/// Quantizes each row of `x` (rows of `k`) into a row of `q`, its scale into `scales`.
-#[inline(always)]
+/// Quantizes each row of `x` (rows of `k`) into a row of `q`, its scale into `scales`: blocks
+/// of rows in parallel, each row in AVX-512 where the CPU has it, else the plain loop compiled
+/// for the widest vectors there are (the same values either way).
 fn quantize_rows(x: &[f32], k: usize, q: &mut [i8], scales: &mut [f32]) {
-    let stride = q.len() / scales.len().max(1);
-    for ((q, s), x) in q
-        .chunks_mut(stride.max(1))
-        .zip(scales)
-        .zip(x.chunks(k.max(1)))
-    {
-        #[cfg(target_arch = "x86_64")]
-        if super::cpu::has_avx512() {
-            // SAFETY: the CPU has AVX-512; q holds at least x.len() values.
-            *s = unsafe { quantize_row_avx512(x, q) };
-            continue;
-        }
+    let (k, stride) = (k.max(1), (q.len() / scales.len().max(1)).max(1));
+    let rows = super::rows_per_task(k);
+    q.par_chunks_mut(stride * rows)
+        .zip(scales.par_chunks_mut(rows))
+        .zip(x.par_chunks(k * rows))
+        .for_each(|((q, scales), x)| {
+            #[cfg(target_arch = "x86_64")]
+            if super::cpu::has_avx512() {
+                for ((q, s), x) in q.chunks_mut(stride).zip(scales).zip(x.chunks(k)) {
+                    // SAFETY: the CPU has AVX-512; q holds at least x.len() values.
+                    *s = unsafe { quantize_row_avx512(x, q) };
+                }
+                return;
+            }
+            widest!(quantize_block(x, k, q, stride, scales));
+        });
+}
+
+/// [`quantize_row`] for each row of a block.
+#[inline(always)]
+fn quantize_block(x: &[f32], k: usize, q: &mut [i8], stride: usize, scales: &mut [f32]) {
+    for ((q, s), x) in q.chunks_mut(stride).zip(scales).zip(x.chunks(k)) {
         *s = quantize_row(x, q);
     }
 }
