@@ -4,11 +4,11 @@
 # test sources and that model's translations, grow-diag-final-and) aligns the same pairs;
 # prints precision, recall, F1 and AER of nmt's links against eflomal's, and BLEU (beam 5).
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg] [--alignment hard|P]
-#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--config FILE] [--weight W] [--data DIR]
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--config FILE] [--weight W] [--guided-layer N] [--data DIR]
 # MODEL: de→en models as `nmt translate --model` takes them. --train M first trains two for M
 # minutes each with --config (default data/configs/yardstick.json), one without and one with
 # guided alignment (eflomal's links of the training corpus, --guided-alignment, cost weight W,
-# default the config's or 0.1), and compares those.
+# default the config's or 0.1, on decoder layer N, default the last), and compares those.
 # eflomal installs from PyPI (pip install eflomal).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +19,8 @@ while [ $# -gt 0 ]; do
     --data) data=$2; shift 2 ;;
     --train) minutes=$2; shift 2 ;;
     --config) config=$2; shift 2 ;;
-    --weight) weight=(--guided-alignment-weight "$2"); shift 2 ;;
+    --weight) weight+=(--guided-alignment-weight "$2"); shift 2 ;;
+    --guided-layer) weight+=(--guided-alignment-layer "$2"); shift 2 ;;
     --layer) flags+=(--alignment-layer "$2"); shift 2 ;;
     --head) flags+=(--alignment-head "$2"); shift 2 ;;
     --alignment) mode=$2; shift 2 ;;
