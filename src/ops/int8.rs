@@ -431,24 +431,17 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile) {
             }
         }
     }
-    let zero = _mm256_setzero_ps();
     for (r, acc) in acc.iter().enumerate() {
         let sx = _mm256_set1_ps(*t.x_scales.add(r));
-        let mut row = [0f32; PANEL];
-        for (i, &a) in acc.iter().enumerate() {
+        let v = [0, 1, 2, 3].map(|i| {
             let s = _mm256_loadu_ps(t.scales.add(8 * i));
             let b = _mm256_loadu_ps(t.bias.add(8 * i));
-            let mut v = _mm256_add_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(sx, s)),
+            _mm256_add_ps(
+                _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i]), _mm256_mul_ps(sx, s)),
                 b,
-            );
-            if t.relu {
-                v = _mm256_max_ps(v, zero);
-            }
-            _mm256_storeu_ps(row.as_mut_ptr().add(8 * i), v);
-        }
-        // Lanes of the last panel past the layer's outputs are not written.
-        std::ptr::copy_nonoverlapping(row.as_ptr(), t.y.add(r * t.y_stride), t.cols);
+            )
+        });
+        panels::store_row_avx2(t.y.add(r * t.y_stride), t.cols, v, t.relu);
     }
 }
 

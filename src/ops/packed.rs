@@ -232,18 +232,9 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile) {
             acc[1] = _mm256_fmadd_ps(xv, w1, acc[1]);
         }
     }
-    let zero = _mm256_setzero_ps();
     for (r, acc) in acc.iter().enumerate() {
-        let mut row = [0f32; HALF];
-        for (i, &a) in acc.iter().enumerate() {
-            let mut v = _mm256_add_ps(_mm256_loadu_ps(t.bias.add(8 * i)), a);
-            if t.relu {
-                v = _mm256_max_ps(v, zero);
-            }
-            _mm256_storeu_ps(row.as_mut_ptr().add(8 * i), v);
-        }
-        // Lanes of the last panel past the layer's outputs are not written.
-        std::ptr::copy_nonoverlapping(row.as_ptr(), t.y.add(r * t.y_stride), t.cols);
+        let v = [0, 1].map(|i| _mm256_add_ps(_mm256_loadu_ps(t.bias.add(8 * i)), acc[i]));
+        panels::store_row_avx2(t.y.add(r * t.y_stride), t.cols, v, t.relu);
     }
 }
 

@@ -104,6 +104,31 @@ pub(crate) unsafe fn store_row(
     _mm512_mask_storeu_ps(row.add(16), mask(cols.saturating_sub(16)), v1);
 }
 
+/// [`store_row`] for AVX2 kernels: stores the first `cols` (≤ 8·N) lanes of the row `v` at
+/// `row`, after ReLU when `relu`; lanes past `cols` are not written.
+///
+/// # Safety
+/// The CPU has AVX2, and `row` points at `cols` writable floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn store_row_avx2<const N: usize>(
+    row: *mut f32,
+    cols: usize,
+    v: [std::arch::x86_64::__m256; N],
+    relu: bool,
+) {
+    use std::arch::x86_64::*;
+    let mut lanes = [[0f32; 8]; N];
+    for (out, mut v) in lanes.iter_mut().zip(v) {
+        if relu {
+            v = _mm256_max_ps(v, _mm256_setzero_ps());
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+    }
+    std::ptr::copy_nonoverlapping(lanes.as_ptr().cast::<f32>(), row, cols);
+}
+
 /// A linear layer's kernel: x (rows × k) → y (rows × n_out), then ReLU when asked.
 pub(crate) trait RowKernel: Sync {
     /// The op's name, in candle's errors.
