@@ -8,7 +8,7 @@
 
 use super::cpu::matmul::*;
 use super::cpu::*;
-use super::step_attention::attend_row;
+use super::step_attention::{attend_row, heads_composite};
 use super::*;
 use anyhow::Result;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
@@ -440,22 +440,6 @@ fn composite(
     let q = split(&(q * ((d / heads) as f64).powf(-0.5))?, t)?;
     let ctx = heads_composite(&q, &split(k, s)?, &split(v, s)?, bias, dropout)?;
     Ok(ctx.transpose(1, 2)?.reshape((b, t, d))?)
-}
-
-/// softmax(q·kᵀ + bias)·v with the heads apart: q (B, H, T, d_k) scaled, k and v
-/// (B, H, S, d_k) → (B, H, T, d_k).
-fn heads_composite(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    bias: Option<&Tensor>,
-    dropout: Option<DropoutMask>,
-) -> candle_core::Result<Tensor> {
-    let mut probs = masked_softmax(&q.matmul(&k.t()?)?, bias)?;
-    if let Some(mask) = dropout {
-        probs = super::dropout(&probs, mask)?;
-    }
-    probs.matmul(v)
 }
 
 #[cfg(test)]

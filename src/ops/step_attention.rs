@@ -9,10 +9,22 @@ use super::*;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-/// softmax(q·kᵀ + bias)·v from Candle's primitives, for other devices and dtypes: q
-/// (B, H, T, d_k) scaled, k and v (B, H, S, d_k).
-fn general(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    masked_softmax(&q.matmul(&k.t()?)?, bias)?.matmul(v)
+/// softmax(q·kᵀ + bias)·v from Candle's primitives with the heads apart, for other devices
+/// and dtypes (and, through `ops::attention`, the whole-sequence ops' composite): q
+/// (B, H, T, d_k) scaled, k and v (B, H, S, d_k) → (B, H, T, d_k); with `dropout` (training)
+/// the probabilities are dropped before they weight the values.
+pub(super) fn heads_composite(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+    dropout: Option<DropoutMask>,
+) -> Result<Tensor> {
+    let mut probs = masked_softmax(&q.matmul(&k.t()?)?, bias)?;
+    if let Some(mask) = dropout {
+        probs = super::dropout(&probs, mask)?;
+    }
+    probs.matmul(v)
 }
 
 pub(crate) struct AttendOne {
@@ -109,7 +121,7 @@ pub fn attend_one(
     };
     if !fused(q) || t != 1 || !one_row_bias {
         let Some(rows) = kv_rows else {
-            return general(q, k, v, bias);
+            return heads_composite(q, k, v, bias, None);
         };
         let idx = Tensor::new(rows, k.device())?;
         let bias = match bias {
@@ -117,7 +129,7 @@ pub fn attend_one(
             other => other.cloned(),
         };
         let (k, v) = (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?);
-        return general(q, &k, &v, bias.as_ref());
+        return heads_composite(q, &k, &v, bias.as_ref(), None);
     }
     let bias = match bias {
         Some(t) if t.dim(0)? == b_kv => t.flatten_all()?.to_vec1::<f32>()?,
