@@ -269,21 +269,26 @@ fn quantize_rows(x: &[f32], k: usize, q: &mut [i8], scales: &mut [f32]) {
         .for_each(|((q, scales), x)| {
             #[cfg(target_arch = "x86_64")]
             if super::cpu::has_avx512() {
-                for ((q, s), x) in q.chunks_mut(stride).zip(scales).zip(x.chunks(k)) {
-                    // SAFETY: the CPU has AVX-512; q holds at least x.len() values.
-                    *s = unsafe { quantize_row_avx512(x, q) };
-                }
-                return;
+                // SAFETY: the CPU has AVX-512; each q row holds at least its x row's values.
+                let row = |x: &[f32], q: &mut [i8]| unsafe { quantize_row_avx512(x, q) };
+                return quantize_block(x, k, q, stride, scales, row);
             }
-            widest!(quantize_block(x, k, q, stride, scales));
+            widest!(quantize_block(x, k, q, stride, scales, quantize_row));
         });
 }
 
-/// [`quantize_row`] for each row of a block.
+/// `row` (a row quantizer) for each row of a block.
 #[inline(always)]
-fn quantize_block(x: &[f32], k: usize, q: &mut [i8], stride: usize, scales: &mut [f32]) {
+fn quantize_block(
+    x: &[f32],
+    k: usize,
+    q: &mut [i8],
+    stride: usize,
+    scales: &mut [f32],
+    row: impl Fn(&[f32], &mut [i8]) -> f32,
+) {
     for ((q, s), x) in q.chunks_mut(stride).zip(scales).zip(x.chunks(k)) {
-        *s = quantize_row(x, q);
+        *s = row(x, q);
     }
 }
 
