@@ -16,7 +16,7 @@ use std::sync::mpsc;
 
 /// Search settings for a translation run; `Default` is greedy search with the output limit
 /// 1.5 · source length + 10 in batches of 64, the defaults of `nmt translate`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SearchOptions {
     /// Beam size (1: greedy).
     pub beam: usize,
@@ -74,6 +74,15 @@ pub struct Hypothesis {
     pub tokens: usize,
     /// Its word alignment with the source, when asked for.
     pub alignment: Option<WordAlignment>,
+}
+
+impl Default for Translation {
+    /// An empty line's translation: one empty hypothesis.
+    fn default() -> Self {
+        Self {
+            hypotheses: vec![Hypothesis::default()],
+        }
+    }
 }
 
 impl Translation {
@@ -139,12 +148,7 @@ pub fn translate_sources(
     sources: &[Option<Vec<u32>>],
     opts: &SearchOptions,
 ) -> Result<Vec<Translation>> {
-    let mut out: Vec<Translation> = vec![
-        Translation {
-            hypotheses: vec![Hypothesis::default()]
-        };
-        sources.len()
-    ];
+    let mut out = vec![Translation::default(); sources.len()];
     let mut todo: Vec<(usize, &[u32])> = sources
         .iter()
         .enumerate()
@@ -181,7 +185,7 @@ fn decode_sorted(
         decode::greedy(model, &srcs, &lens, opts.scores)?
             .into_iter()
             .map(|(ids, log_prob)| {
-                let score = log_prob / bo.penalty(ids.len() + 1);
+                let score = greedy_score(opts, ids.len(), log_prob);
                 vec![(ids, score)]
             })
             .collect()
@@ -217,18 +221,119 @@ fn decode_sorted(
     for ((i, _), hyps) in todo.iter().zip(found) {
         let hypotheses = hyps
             .into_iter()
-            .map(|(ids, score)| {
-                Ok(Hypothesis {
-                    text: tokenizer.decode(&ids)?,
-                    score,
-                    tokens: ids.len(),
-                    alignment: alignments.next().flatten(),
-                })
-            })
+            .map(|(ids, score)| hypothesis(tokenizer, &ids, score, alignments.next().flatten()))
             .collect::<Result<_>>()?;
         out[*i] = Translation { hypotheses };
     }
     Ok(())
+}
+
+/// A greedy output's score as beam search ranks (its summed log-probability over the length
+/// penalty, `</s>` counted).
+fn greedy_score(opts: &SearchOptions, tokens: usize, log_prob: f64) -> f64 {
+    let bo = beam::BeamOptions {
+        beam: opts.beam,
+        length_penalty: opts.length_penalty,
+        gnmt: opts.gnmt,
+    };
+    log_prob / bo.penalty(tokens + 1)
+}
+
+/// A hypothesis from its ids.
+fn hypothesis(
+    tokenizer: &SubwordTokenizer,
+    ids: &[u32],
+    score: f64,
+    alignment: Option<WordAlignment>,
+) -> Result<Hypothesis> {
+    Ok(Hypothesis {
+        text: tokenizer.decode(ids)?,
+        score,
+        tokens: ids.len(),
+        alignment,
+    })
+}
+
+/// Whether [`GreedyTranslator`] serves searches with `opts`: greedy, without alignments.
+pub fn continuous(opts: &SearchOptions) -> bool {
+    opts.beam <= 1 && opts.alignment.is_none()
+}
+
+/// Greedy translation that sentences join and leave between steps (a server's continuous
+/// batching), on the same search as [`translate_sources`]: each sentence's translation is
+/// the one `translate_sources` gives it, bit for bit, whenever it joins.
+pub struct GreedyTranslator<'m> {
+    search: decode::Greedy<'m>,
+    model: &'m Seq2Seq,
+    tokenizer: &'m SubwordTokenizer,
+    opts: SearchOptions,
+}
+
+impl<'m> GreedyTranslator<'m> {
+    /// An empty search with `opts` (greedy: see [`continuous`]).
+    pub fn new(model: &'m Seq2Seq, tokenizer: &'m SubwordTokenizer, opts: SearchOptions) -> Self {
+        Self {
+            search: decode::Greedy::new(model, opts.scores),
+            model,
+            tokenizer,
+            opts,
+        }
+    }
+
+    /// Sentences being decoded.
+    pub fn len(&self) -> usize {
+        self.search.len()
+    }
+
+    /// Whether no sentence is being decoded.
+    pub fn is_empty(&self) -> bool {
+        self.search.is_empty()
+    }
+
+    /// The search settings.
+    pub fn options(&self) -> &SearchOptions {
+        &self.opts
+    }
+
+    /// Drops every sentence (after a failure).
+    pub fn clear(&mut self) {
+        self.search = decode::Greedy::new(self.model, self.opts.scores);
+    }
+
+    /// Whether sentences can join now (see [`decode::Greedy::can_add`]).
+    pub fn can_add(&self) -> bool {
+        self.search.can_add()
+    }
+
+    /// Adds sources made by [`encode_sources`] (none empty); they are numbered in order from
+    /// the number returned.
+    pub fn add(&mut self, sources: &[Vec<u32>]) -> Result<usize> {
+        let lens: Vec<usize> = sources
+            .iter()
+            .map(|s| {
+                decode::max_len(
+                    self.model,
+                    s.len(),
+                    self.opts.max_len_a,
+                    self.opts.max_len_b,
+                )
+            })
+            .collect();
+        self.search.add(sources, &lens)
+    }
+
+    /// Decodes one token of every sentence; returns (number, translation) of those that ended.
+    pub fn step(&mut self) -> Result<Vec<(usize, Translation)>> {
+        self.search
+            .step()?
+            .into_iter()
+            .map(|done| {
+                let score = greedy_score(&self.opts, done.ids.len(), done.log_prob);
+                let hypotheses = vec![hypothesis(self.tokenizer, &done.ids, score, None)?];
+                Ok((done.id, Translation { hypotheses }))
+            })
+            .collect()
+    }
 }
 
 /// How to print translations.

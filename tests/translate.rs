@@ -84,6 +84,62 @@ fn greedy_and_beam_search_equal_transformers_generate() {
     }
 }
 
+/// A server's continuous batching: sentences that join a running greedy search a few steps
+/// apart, and leave as they end, get transformers' outputs and the bits of their scores
+/// decoded alone.
+#[test]
+fn sentences_joining_a_running_greedy_search_get_what_they_get_alone() {
+    let f = recorded();
+    let m = nmt::checkpoint::load(&toy(), &Device::Cpu, DType::F32).unwrap();
+    let sources = common::id_rows(&f["sources"]);
+    let case = f["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["beam"] == 1)
+        .expect("a greedy case");
+    let want = common::id_rows(&case["outputs"]);
+    let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
+    let alone: Vec<(Vec<u32>, f64)> = sources
+        .iter()
+        .map(|src| {
+            let one = decode::greedy(&m.model, std::slice::from_ref(src), &[max_new], true);
+            one.unwrap()[0].clone()
+        })
+        .collect();
+    let mut search = decode::Greedy::new(&m.model, true);
+    let mut got = vec![None; sources.len()];
+    let (mut next, mut steps, mut most) = (0, 0, 0);
+    while next < sources.len() || !search.is_empty() {
+        // One, then two, then three sentences join, a step apart, while others run.
+        let take = (steps % 3 + 1).min(sources.len() - next);
+        if take > 0 {
+            assert!(search.can_add());
+            search
+                .add(&sources[next..next + take], &vec![max_new; take])
+                .unwrap();
+            next += take;
+        }
+        most = most.max(search.len());
+        for done in search.step().unwrap() {
+            assert!(
+                got[done.id].is_none(),
+                "sentence {} finished twice",
+                done.id
+            );
+            got[done.id] = Some((done.ids, done.log_prob));
+        }
+        steps += 1;
+    }
+    assert!(most > 3, "sentences of several joins decoded together");
+    for (i, (got, alone)) in got.into_iter().zip(&alone).enumerate() {
+        let got = got.expect("every sentence finishes");
+        assert_eq!(got.0, want[i], "sentence {i}: transformers' output");
+        assert_eq!(got.0, alone.0, "sentence {i}");
+        assert_eq!(got.1.to_bits(), alone.1.to_bits(), "sentence {i}: score");
+    }
+}
+
 #[test]
 fn translate_streams_keeps_alignment_and_handles_odd_input() {
     let model = toy();

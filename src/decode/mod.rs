@@ -3,7 +3,7 @@
 
 pub mod beam;
 
-use crate::model::{Dropout, Seq2Seq};
+use crate::model::{DecoderCache, Dropout, Seq2Seq};
 use crate::ops::{self, exp_sum, row_max, with_host_f32};
 use anyhow::Result;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
@@ -114,30 +114,138 @@ pub fn greedy(
     max_lens: &[usize],
     scores: bool,
 ) -> Result<Vec<(Vec<u32>, f64)>> {
-    let cfg = &model.config;
-    let n = srcs.len();
-    let mut out = vec![(Vec::new(), 0.0); n];
-    if n == 0 {
-        return Ok(out);
+    let mut out = vec![(Vec::new(), 0.0); srcs.len()];
+    let mut search = Greedy::new(model, scores);
+    search.add(srcs, max_lens)?;
+    while !search.is_empty() {
+        for done in search.step()? {
+            out[done.id] = (done.ids, done.log_prob);
+        }
     }
-    let src = pad_batch(model, srcs)?;
-    let bias = model.padding_bias(&src)?;
-    let memory = model.encode(&src, &bias, &Dropout::off())?;
-    let mut cache = model.start_decoding(&memory, &bias, 1)?;
-    let (v, pad) = (cfg.vocab_size, cfg.pad_token_id as usize);
-    let mut active: Vec<usize> = (0..n).collect();
-    let mut tokens = Tensor::full(cfg.decoder_start_token_id, (n, 1), model.device())?;
-    let limit = max_lens
-        .iter()
-        .copied()
-        .max()
-        .unwrap_or(0)
-        .min(cfg.max_position_embeddings);
-    for step in 0..limit {
-        let logits = host_logits(model.decode_step(&tokens, &mut cache)?, pad)?;
+    Ok(out)
+}
+
+/// A greedy search that sentences can join between steps (on the CPU, where the decoder
+/// cache allows it: see [`Greedy::can_add`]) and that hands each sentence back as soon as it
+/// ends: a server's continuous batching. Each row's arithmetic does not depend on the others,
+/// so a sentence gets the same output, bit for bit, whenever it joins and whatever it decodes
+/// with; [`greedy`] is this search with every sentence added at once.
+pub struct Greedy<'m> {
+    model: &'m Seq2Seq,
+    scores: bool,
+    cache: Option<DecoderCache>,
+    /// Per batch row: its sentence's output so far.
+    rows: Vec<Running>,
+    /// The next token of each row.
+    tokens: Vec<u32>,
+    /// Ids handed out so far.
+    added: usize,
+}
+
+/// A sentence being decoded.
+struct Running {
+    id: usize,
+    max_len: usize,
+    ids: Vec<u32>,
+    log_prob: f64,
+}
+
+/// A sentence whose search ended.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// Its number: sentences are numbered from 0 in the order they were added.
+    pub id: usize,
+    /// Its output, `</s>` not included.
+    pub ids: Vec<u32>,
+    /// Summed log-probability (as [`greedy`] says), when scoring; else 0.
+    pub log_prob: f64,
+}
+
+impl<'m> Greedy<'m> {
+    /// An empty search; with `scores`, outputs are scored.
+    pub fn new(model: &'m Seq2Seq, scores: bool) -> Self {
+        Self {
+            model,
+            scores,
+            cache: None,
+            rows: Vec::new(),
+            tokens: Vec::new(),
+            added: 0,
+        }
+    }
+
+    /// Whether no sentence is being decoded.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Sentences being decoded.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether sentences can be added now: always when the search is empty; while it runs,
+    /// where the decoder cache lets sentences join (the CPU).
+    pub fn can_add(&self) -> bool {
+        self.cache.as_ref().is_none_or(DecoderCache::joinable)
+    }
+
+    /// Encodes `srcs` (each ending in `</s>`, with output limits `max_lens` as [`greedy`]
+    /// takes them) and adds them to the search; they are numbered in order from the number
+    /// returned (sentences are numbered from 0 in the order they are added).
+    pub fn add(&mut self, srcs: &[Vec<u32>], max_lens: &[usize]) -> Result<usize> {
+        let first = self.added;
+        if srcs.is_empty() {
+            return Ok(first);
+        }
+        if max_lens.len() != srcs.len() {
+            anyhow::bail!(
+                "{} sources with {} output limits",
+                srcs.len(),
+                max_lens.len()
+            );
+        }
+        if !self.can_add() {
+            anyhow::bail!("sentences cannot join a running search on this device");
+        }
+        let model = self.model;
+        let cfg = &model.config;
+        let src = pad_batch(model, srcs)?;
+        let bias = model.padding_bias(&src)?;
+        let memory = model.encode(&src, &bias, &Dropout::off())?;
+        let fresh = model.start_decoding(&memory, &bias, 1)?;
+        match &mut self.cache {
+            Some(cache) => cache.join(fresh)?,
+            None => self.cache = Some(fresh),
+        }
+        for &max_len in max_lens {
+            self.rows.push(Running {
+                id: self.added,
+                max_len: max_len.min(cfg.max_position_embeddings),
+                ids: Vec::new(),
+                log_prob: 0.0,
+            });
+            self.added += 1;
+        }
+        self.tokens
+            .extend(std::iter::repeat_n(cfg.decoder_start_token_id, srcs.len()));
+        Ok(first)
+    }
+
+    /// Decodes one token of every sentence; returns the sentences that ended, which leave.
+    pub fn step(&mut self) -> Result<Vec<Finished>> {
+        let (Some(cache), false) = (self.cache.as_mut(), self.rows.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        let model = self.model;
+        let cfg = &model.config;
+        let (v, pad) = (cfg.vocab_size, cfg.pad_token_id as usize);
+        let n = self.rows.len();
+        let tokens = Tensor::from_vec(std::mem::take(&mut self.tokens), (n, 1), model.device())?;
+        let logits = host_logits(model.decode_step(&tokens, cache)?, pad)?;
         let next: Vec<u32> = logits.read(|l| l.par_chunks(v).map(argmax).collect())?;
         // The chosen token is the row's max: its log-probability is −log Σ e^(x − max).
-        let log_probs: Vec<f64> = if scores {
+        let log_probs: Vec<f64> = if self.scores {
             logits.read(|l| {
                 log_normalisers(l, v)
                     .iter()
@@ -147,34 +255,43 @@ pub fn greedy(
         } else {
             Vec::new()
         };
-        let mut keep = Vec::with_capacity(active.len());
-        let mut keep_tokens = Vec::with_capacity(active.len());
-        for (row, (&i, &tok)) in active.iter().zip(&next).enumerate() {
-            let last = step + 1 >= max_lens[i].min(cfg.max_position_embeddings);
+        let mut keep = Vec::with_capacity(n);
+        let mut rows = Vec::with_capacity(n);
+        let mut finished = Vec::new();
+        for (row, (mut r, tok)) in std::mem::take(&mut self.rows)
+            .into_iter()
+            .zip(next)
+            .enumerate()
+        {
+            let last = r.ids.len() + 1 >= r.max_len;
             if tok == cfg.eos_token_id || last {
-                if scores && !last {
-                    out[i].1 += log_probs[row];
+                // A chosen `</s>` is scored; one forced by the limit is not.
+                if self.scores && !last {
+                    r.log_prob += log_probs[row];
                 }
+                finished.push(Finished {
+                    id: r.id,
+                    ids: r.ids,
+                    log_prob: r.log_prob,
+                });
                 continue;
             }
-            out[i].0.push(tok);
-            if scores {
-                out[i].1 += log_probs[row];
+            if self.scores {
+                r.log_prob += log_probs[row];
             }
+            r.ids.push(tok);
             keep.push(row as u32);
-            keep_tokens.push(tok);
+            self.tokens.push(tok);
+            rows.push(r);
         }
-        if keep.is_empty() {
-            break;
+        self.rows = rows;
+        if self.rows.is_empty() {
+            self.cache = None;
+        } else if keep.len() < n {
+            *cache = cache.select(&keep)?;
         }
-        let pruned: Vec<usize> = keep.iter().map(|&r| active[r as usize]).collect();
-        if keep.len() < active.len() {
-            cache = cache.select(&keep)?;
-        }
-        active = pruned;
-        tokens = Tensor::from_vec(keep_tokens, (active.len(), 1), model.device())?;
+        Ok(finished)
     }
-    Ok(out)
 }
 
 /// The output length limit `a·src_len + b`, within the model's positions.

@@ -168,17 +168,16 @@ impl Attention {
         self.merge(&ops::attend_steps(q, steps, history)?)
     }
 
-    /// Attention of one query row per batch row (decoding), for `x` (B, 1, d): with `kv_rows`,
-    /// row b attends over key/value row `kv_rows[b]` of k, v (B_kv, H, S, d_k) and bias
-    /// (B_kv|1, 1, 1, S): the beams of a sentence read one copy of its encoder keys.
+    /// Attention of one query row per batch row (decoding), for `x` (B, 1, d), over groups
+    /// of sentences' keys and values: row b attends over sentence `rows[b]` = (group, index)
+    /// (`None`: sentence b of the only group), so that the beams of a sentence read one copy
+    /// of its encoder keys.
     pub fn attend_rows(
         &self,
         x: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        bias: Option<&Tensor>,
-        kv_rows: Option<&[u32]>,
+        groups: &[ops::SourceKeys],
+        rows: Option<&[(u32, u32)]>,
     ) -> Result<Tensor> {
-        self.merge(&ops::attend_one(&self.queries(x)?, k, v, bias, kv_rows)?)
+        self.merge(&ops::attend_one(&self.queries(x)?, groups, rows)?)
     }
 }

@@ -373,6 +373,20 @@ impl Seq2Seq {
         Ok(ops::embed(&self.shared, ids, &pos, self.embed_scale, mask)?)
     }
 
+    /// Scaled token embeddings of the next tokens (B, 1), row b at target position
+    /// `positions[b]` → (B, 1, d) (decoding).
+    fn embed_at(&self, ids: &Tensor, positions: &[usize]) -> Result<Tensor> {
+        let b = ids.dim(0)?;
+        let at: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+        let pos = self
+            .positions
+            .index_select(&Tensor::new(at.as_slice(), &self.device)?, 0)?;
+        // One row of b steps, each at its own position.
+        let ids = ids.reshape((1, b))?;
+        let h = ops::embed(&self.shared, &ids, &pos, self.embed_scale, None)?;
+        Ok(h.reshape((b, 1, self.config.d_model))?)
+    }
+
     /// Additive key-padding mask (B, 1, 1, S) from ids: MASK_VALUE where the id is `<pad>`.
     pub fn padding_bias(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, s) = ids.dims2()?;
@@ -574,8 +588,8 @@ impl Seq2Seq {
     ) -> Result<DecoderCache> {
         let n = memory.dim(0)?;
         let beams = beams.max(1);
-        let sentences: Vec<u32> = (0..n as u32)
-            .flat_map(|i| std::iter::repeat_n(i, beams))
+        let sentences: Vec<(u32, u32)> = (0..n as u32)
+            .flat_map(|i| std::iter::repeat_n((0, i), beams))
             .collect();
         // The CPU kernel reads each sentence's keys for all its beams; elsewhere the rows are
         // laid out per hypothesis.
@@ -584,7 +598,8 @@ impl Seq2Seq {
             if shared_cross || beams == 1 {
                 return Ok(t);
             }
-            Ok(t.index_select(&Tensor::new(sentences.as_slice(), t.device())?, 0)?)
+            let rows: Vec<u32> = sentences.iter().map(|&(_, i)| i).collect();
+            Ok(t.index_select(&Tensor::new(rows.as_slice(), t.device())?, 0)?)
         };
         let layers = self
             .decoder_layers
@@ -594,13 +609,13 @@ impl Seq2Seq {
                 Ok(LayerCache {
                     self_kv: None,
                     steps: Vec::new(),
-                    cross_kv: (expand(k)?, expand(v)?),
+                    cross_kv: vec![(expand(k)?, expand(v)?)],
                 })
             })
             .collect::<Result<_>>()?;
         Ok(DecoderCache {
             layers,
-            src_bias: expand(src_bias.clone())?,
+            src_bias: vec![expand(src_bias.clone())?],
             history: if shared_cross {
                 vec![Vec::new(); sentences.len()]
             } else {
@@ -616,7 +631,7 @@ impl Seq2Seq {
     pub fn decode_step(&self, tokens: &Tensor, cache: &mut DecoderCache) -> Result<Tensor> {
         let c = &self.config;
         let drop = Dropout::off();
-        let mut h = self.embed(tokens, cache.len, &drop)?;
+        let mut h = self.embed_at(tokens, &cache.positions())?;
         let shared = cache.shared_cross;
         let kv_rows = shared.then_some(cache.sentences.as_slice());
         // Each hypothesis writes this step's keys at its own row.

@@ -30,7 +30,7 @@ pub use layer_norm::layer_norm;
 pub use linear::linear;
 pub use residual_norm::residual_norm;
 pub use softmax::masked_softmax;
-pub use step_attention::{attend_one, attend_steps};
+pub use step_attention::{attend_one, attend_steps, SourceKeys};
 
 use candle_core::{CpuStorage, DType, Layout, Result, Tensor};
 

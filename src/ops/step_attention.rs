@@ -6,7 +6,7 @@
 use super::cpu::matmul::*;
 use super::cpu::*;
 use super::*;
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 /// softmax(q·kᵀ + bias)·v from Candle's primitives with the heads apart, for other devices
@@ -27,64 +27,13 @@ pub(super) fn heads_composite(
     probs.matmul(v)
 }
 
-pub(crate) struct AttendOne {
-    heads: usize,
-    /// Additive key bias per key/value row, (B_kv, S) flattened; empty for none.
-    bias: Vec<f32>,
-    /// The key/value row each query row reads; empty for row b ↔ row b.
-    kv_rows: Vec<u32>,
-}
-
-impl CustomOp3 for AttendOne {
-    fn name(&self) -> &'static str {
-        "nmt-attend-one"
-    }
-
-    /// q (B, H, 1, d), k and v (B_kv, H, S, d) → softmax(q·kᵀ + bias)·v, (B, H, 1, d).
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
-        let dims = l2.dims();
-        let (s, d) = (dims[2], dims[3]);
-        let mut out = vec![0f32; q.len()];
-        out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
-            wide(
-                #[inline(always)]
-                || {
-                    let qr = &q[r * d..(r + 1) * d];
-                    let (row, head) = (r / self.heads, r % self.heads);
-                    let row = match self.kv_rows.get(row) {
-                        Some(&kv) => kv as usize,
-                        None => row,
-                    };
-                    let at = (row * self.heads + head) * s * d;
-                    let kr = &k[at..at + s * d];
-                    let vr = &v[at..at + s * d];
-                    let bias = if self.bias.is_empty() {
-                        None
-                    } else {
-                        Some(&self.bias[row * s..(row + 1) * s])
-                    };
-                    attend_row(
-                        qr,
-                        s,
-                        |j| &kr[j * d..(j + 1) * d],
-                        |j| &vr[j * d..(j + 1) * d],
-                        bias,
-                        o,
-                    );
-                },
-            )
-        });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
-    }
+/// The encoder keys and values of a group of sentences that started decoding together, for
+/// single-query attention: k and v (N, H, S, d), bias (N|1, 1, 1, S) or none.
+#[derive(Clone, Copy)]
+pub struct SourceKeys<'a> {
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
 }
 
 /// Whether the decoding-step kernels ([`attend_one`], [`attend_steps`]) run for tensors like
@@ -95,57 +44,117 @@ pub fn step_kernels(memory: &Tensor) -> bool {
 }
 
 /// Attention of one query position per row, for incremental decoding (no gradient): q
-/// (B, H, 1, d) already scaled, k and v (B_kv, H, S, d), bias (B_kv|1, 1, 1, S) or none.
-/// `kv_rows` (length B) names the key/value row of each query row, so that the beams of a
-/// sentence share one copy of its encoder keys; `None` pairs row b with row b. A fused kernel
-/// on the CPU in f32; elsewhere the rows are gathered and Candle's primitives attend.
+/// (B, H, 1, d) already scaled, over groups of sentences' keys and values. `rows` (length B)
+/// names the (group, sentence) each query row reads, so that the beams of a sentence share
+/// one copy of its encoder keys and sentences that started at different times decode
+/// together; `None` pairs row b with sentence b of the only group. A fused kernel on the CPU
+/// in f32; elsewhere the rows are gathered and Candle's primitives attend (one group).
 pub fn attend_one(
     q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    bias: Option<&Tensor>,
-    kv_rows: Option<&[u32]>,
+    groups: &[SourceKeys],
+    rows: Option<&[(u32, u32)]>,
 ) -> candle_core::Result<Tensor> {
-    let (b, h, t, _) = q.dims4()?;
-    let (b_kv, _, s, _) = k.dims4()?;
-    match kv_rows {
-        Some(rows) if rows.len() != b || rows.iter().any(|&r| r as usize >= b_kv) => {
-            candle_core::bail!("attend_one: bad key/value rows for {b} queries over {b_kv} rows")
+    let (b, h, t, d) = q.dims4()?;
+    let mut sizes = Vec::with_capacity(groups.len());
+    for g in groups {
+        let (n, gh, s, gd) = g.k.dims4()?;
+        if (gh, gd) != (h, d) || g.v.dims4()? != (n, h, s, d) {
+            candle_core::bail!(
+                "attend_one: keys {:?} for queries {:?}",
+                g.k.dims(),
+                q.dims()
+            );
         }
-        None if b != b_kv => candle_core::bail!("attend_one: {b} queries, {b_kv} key rows"),
+        sizes.push((n, s));
+    }
+    match rows {
+        Some(rows)
+            if rows.len() != b
+                || rows
+                    .iter()
+                    .any(|&(g, i)| sizes.get(g as usize).is_none_or(|&(n, _)| i as usize >= n)) =>
+        {
+            candle_core::bail!("attend_one: bad key/value rows for {b} queries over {sizes:?}")
+        }
+        None if groups.len() != 1 || sizes[0].0 != b => {
+            candle_core::bail!("attend_one: {b} queries, key rows {sizes:?}")
+        }
         _ => {}
     }
-    let one_row_bias = match bias {
-        Some(t) => matches!(t.dims4()?, (n, _, 1, _) if n == b_kv || n == 1),
-        None => true,
-    };
+    let one_row_bias = groups.iter().try_fold(true, |ok, g| {
+        Ok::<_, candle_core::Error>(
+            ok && match g.bias {
+                Some(t) => matches!(t.dims4()?, (n, _, 1, _) if n == g.k.dim(0)? || n == 1),
+                None => true,
+            },
+        )
+    })?;
     if !fused(q) || t != 1 || !one_row_bias {
-        let Some(rows) = kv_rows else {
-            return heads_composite(q, k, v, bias, None);
+        let [g] = groups else {
+            candle_core::bail!("attend_one: sentences of several groups need the CPU kernel")
         };
-        let idx = Tensor::new(rows, k.device())?;
-        let bias = match bias {
+        let Some(rows) = rows else {
+            return heads_composite(q, g.k, g.v, g.bias, None);
+        };
+        let idx: Vec<u32> = rows.iter().map(|&(_, i)| i).collect();
+        let idx = Tensor::new(idx.as_slice(), g.k.device())?;
+        let bias = match g.bias {
             Some(t) if t.dim(0)? > 1 => Some(t.index_select(&idx, 0)?),
             other => other.cloned(),
         };
-        let (k, v) = (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?);
+        let (k, v) = (g.k.index_select(&idx, 0)?, g.v.index_select(&idx, 0)?);
         return heads_composite(q, &k, &v, bias.as_ref(), None);
     }
-    let bias = match bias {
-        Some(t) if t.dim(0)? == b_kv => t.flatten_all()?.to_vec1::<f32>()?,
-        Some(t) => t.flatten_all()?.to_vec1::<f32>()?.repeat(b_kv),
-        None => Vec::new(),
-    };
-    debug_assert!(bias.is_empty() || bias.len() == b_kv * s);
-    q.contiguous()?.apply_op3_no_bwd(
-        &k.contiguous()?,
-        &v.contiguous()?,
-        &AttendOne {
-            heads: h,
-            bias,
-            kv_rows: kv_rows.map(<[u32]>::to_vec).unwrap_or_default(),
-        },
-    )
+    let kv: Vec<(Tensor, Tensor)> = groups
+        .iter()
+        .map(|g| Ok((g.k.contiguous()?, g.v.contiguous()?)))
+        .collect::<candle_core::Result<_>>()?;
+    let biases: Vec<Vec<f32>> = groups
+        .iter()
+        .zip(&sizes)
+        .map(|(g, &(n, _))| match g.bias {
+            Some(t) if t.dim(0)? == n => t.flatten_all()?.to_vec1::<f32>(),
+            Some(t) => Ok(t.flatten_all()?.to_vec1::<f32>()?.repeat(n)),
+            None => Ok(Vec::new()),
+        })
+        .collect::<candle_core::Result<_>>()?;
+    let guards: Vec<_> = kv
+        .iter()
+        .map(|(k, v)| (k.storage_and_layout(), v.storage_and_layout()))
+        .collect();
+    let slices: Vec<(&[f32], &[f32])> = guards
+        .iter()
+        .map(|(k, v)| Ok((guarded_f32(k)?, guarded_f32(v)?)))
+        .collect::<candle_core::Result<_>>()?;
+    let out = with_host_f32(&q.contiguous()?, |q| {
+        let mut out = vec![0f32; q.len()];
+        out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
+            let (row, head) = (r / h, r % h);
+            let (g, i) = match rows {
+                Some(rows) => (rows[row].0 as usize, rows[row].1 as usize),
+                None => (0, row),
+            };
+            let ((k, v), s) = (slices[g], sizes[g].1);
+            let at = (i * h + head) * s * d;
+            let (kr, vr) = (&k[at..at + s * d], &v[at..at + s * d]);
+            let bias = (!biases[g].is_empty()).then(|| &biases[g][i * s..(i + 1) * s]);
+            wide(
+                #[inline(always)]
+                || {
+                    attend_row(
+                        &q[r * d..(r + 1) * d],
+                        s,
+                        |j| &kr[j * d..(j + 1) * d],
+                        |j| &vr[j * d..(j + 1) * d],
+                        bias,
+                        o,
+                    )
+                },
+            );
+        });
+        out
+    })?;
+    Tensor::from_vec(out, (b, h, 1, d), q.device())
 }
 
 /// softmax(q·kⱼ + biasⱼ)-weighted sum of the values vⱼ for one query row `qr` over `n` keys
@@ -175,10 +184,12 @@ pub(crate) fn attend_row<'a>(
     }
 }
 
-/// Single-query attention for decoding step t on the CPU, over keys/values kept one tensor
-/// per step: q (B, H, 1, d) already scaled; `steps[j]` = (k, v), each (B_j, H, 1, d); query
-/// row b reads row `history[b][j]` of step j, for j = 0..=t. Beam reordering and pruning only
-/// rewrite `history`: no key or value is copied. Returns (B, H, 1, d).
+/// Single-query attention for incremental decoding on the CPU, over keys/values kept one
+/// tensor per step: q (B, H, 1, d) already scaled; `steps[j]` = (k, v), each (B_j, H, 1, d).
+/// Query row b has decoded `m = history[b].len()` steps, the last m of `steps`, and reads row
+/// `history[b][i]` of step `steps.len() - m + i`: beam reordering and pruning only rewrite
+/// `history`, and sentences that started later decode alongside. No key or value is copied.
+/// Returns (B, H, 1, d).
 pub fn attend_steps(
     q: &Tensor,
     steps: &[(Tensor, Tensor)],
@@ -186,7 +197,7 @@ pub fn attend_steps(
 ) -> candle_core::Result<Tensor> {
     let (b, h, _, d) = q.dims4()?;
     let n = steps.len();
-    if history.len() != b || history.iter().any(|past| past.len() != n) {
+    if history.len() != b || history.iter().any(|past| past.len() > n) {
         candle_core::bail!("attend_steps: history does not match {b} rows and {n} steps");
     }
     for (j, (k, v)) in steps.iter().enumerate() {
@@ -198,7 +209,12 @@ pub fn attend_steps(
                 q.dims()
             );
         }
-        if history.iter().any(|past| past[j] as usize >= rows) {
+        let reads_past = |past: &Vec<u32>| {
+            (j + past.len())
+                .checked_sub(n)
+                .is_some_and(|i| past[i] as usize >= rows)
+        };
+        if history.iter().any(reads_past) {
             candle_core::bail!("attend_steps: history names a row past step {j}'s {rows}");
         }
     }
@@ -219,15 +235,16 @@ pub fn attend_steps(
         out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
             let (row, head) = (r / h, r % h);
             let past = &history[row];
+            let first = n - past.len();
             let at = |j: usize| (past[j] as usize * h + head) * d;
             wide(
                 #[inline(always)]
                 || {
                     attend_row(
                         &q[r * d..(r + 1) * d],
-                        n,
-                        |j| &keys[j][at(j)..at(j) + d],
-                        |j| &values[j][at(j)..at(j) + d],
+                        past.len(),
+                        |j| &keys[first + j][at(j)..at(j) + d],
+                        |j| &values[first + j][at(j)..at(j) + d],
                         None,
                         o,
                     )

@@ -340,7 +340,8 @@ fn fast_exp_is_within_two_ulp_of_exp() {
     assert_eq!(fast_exp(0.0), 1.0);
 }
 
-/// Shared encoder rows (`kv_rows`) give what copying them per query row gives.
+/// Sentences read where they are, from several groups (`rows`), give what copying them per
+/// query row gives.
 #[test]
 fn attend_one_with_shared_rows_equals_copied_rows() {
     let (h, s, d) = (2, 5, 4);
@@ -353,24 +354,60 @@ fn attend_one_with_shared_rows_equals_copied_rows() {
     .unwrap()
     .reshape((2, 1, 1, s))
     .unwrap();
-    let rows = [1u32, 0, 1];
-    let idx = Tensor::new(&rows, &Device::Cpu).unwrap();
-    let shared = attend_one(&q, &k, &v, Some(&bias), Some(&rows)).unwrap();
+    let group = |k, v, bias| SourceKeys { k, v, bias };
+    let rows = [(0u32, 1u32), (0, 0), (0, 1)];
+    let idx = Tensor::new(&[1u32, 0, 1], &Device::Cpu).unwrap();
+    let shared = attend_one(&q, &[group(&k, &v, Some(&bias))], Some(&rows)).unwrap();
     let pick = |t: &Tensor| t.index_select(&idx, 0).unwrap();
-    let copied = attend_one(&q, &pick(&k), &pick(&v), Some(&pick(&bias)), None).unwrap();
+    let (pk, pv, pb) = (pick(&k), pick(&v), pick(&bias));
+    let copied = attend_one(&q, &[group(&pk, &pv, Some(&pb))], None).unwrap();
     assert_eq!(max_diff(&shared, &copied), 0.0);
+    // A second group of another source length (one sentence of 3 keys), unpadded: row 1
+    // reads it and gets what it gets alone.
+    let (k2, v2) = (randn(&[1, h, 3, d], 34), randn(&[1, h, 3, d], 35));
+    let groups = [group(&k, &v, Some(&bias)), group(&k2, &v2, None)];
+    let mixed = attend_one(&q, &groups, Some(&[(0, 1), (1, 0), (0, 1)])).unwrap();
+    let alone = attend_one(&q.narrow(0, 1, 1).unwrap(), &groups[1..], None).unwrap();
+    assert_eq!(max_diff(&mixed.narrow(0, 1, 1).unwrap(), &alone), 0.0);
+    assert_eq!(
+        max_diff(
+            &mixed.narrow(0, 0, 1).unwrap(),
+            &shared.narrow(0, 0, 1).unwrap()
+        ),
+        0.0
+    );
+    // Padding masked by the bias changes nothing: the 3 keys padded to 5 give the same bits.
+    let pad = |t: &Tensor| {
+        Tensor::cat(
+            &[
+                t,
+                &Tensor::zeros((1, h, 2, d), DType::F32, &Device::Cpu).unwrap(),
+            ],
+            2,
+        )
+        .unwrap()
+    };
+    let pad_bias = Tensor::new(&[0f32, 0., 0., -1e9, -1e9], &Device::Cpu)
+        .unwrap()
+        .reshape((1, 1, 1, s))
+        .unwrap();
+    let (k2p, v2p) = (pad(&k2), pad(&v2));
+    let padded = attend_one(
+        &q.narrow(0, 1, 1).unwrap(),
+        &[group(&k2p, &v2p, Some(&pad_bias))],
+        None,
+    )
+    .unwrap();
+    assert_eq!(max_diff(&padded, &alone), 0.0);
     // Elsewhere (here f64) the rows are gathered for Candle's primitives: the same values.
     let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
-    let general = attend_one(
-        &f64s(&q),
-        &f64s(&k),
-        &f64s(&v),
-        Some(&f64s(&bias)),
-        Some(&rows),
-    );
+    let (q64, k64, v64, b64) = (f64s(&q), f64s(&k), f64s(&v), f64s(&bias));
+    let general = attend_one(&q64, &[group(&k64, &v64, Some(&b64))], Some(&rows));
     assert!(max_diff(&general.unwrap().to_dtype(DType::F32).unwrap(), &shared) < 1e-6);
     // Rows out of range are an error, not a read past the keys.
-    assert!(attend_one(&q, &k, &v, None, Some(&[0, 2, 1])).is_err());
+    let bad = attend_one(&q, &groups, Some(&[(0, 0), (1, 1), (0, 1)]));
+    assert!(bad.is_err());
+    assert!(attend_one(&q, &groups, Some(&[(0, 0), (2, 0), (0, 1)])).is_err());
 }
 
 /// Keys kept per step and read through a reordering history give exactly what the
@@ -405,8 +442,29 @@ fn attend_steps_equals_attention_over_the_gathered_cache() {
             .collect();
         Tensor::cat(&per_step, 2).unwrap()
     };
-    let want = attend_one(&q, &gather(0), &gather(1), None, None).unwrap();
+    let (gk, gv) = (gather(0), gather(1));
+    let keys = SourceKeys {
+        k: &gk,
+        v: &gv,
+        bias: None,
+    };
+    let want = attend_one(&q, &[keys], None).unwrap();
     assert_eq!(max_diff(&got, &want), 0.0);
+    // A row whose sentence started at the last step reads that step only: what one key and
+    // value give.
+    let late = vec![vec![2u32, 0, 0], vec![1]];
+    let got = attend_steps(&q, &steps, &late).unwrap();
+    let (k1, v1) = (
+        steps[2].0.narrow(0, 1, 1).unwrap(),
+        steps[2].1.narrow(0, 1, 1).unwrap(),
+    );
+    let one = SourceKeys {
+        k: &k1,
+        v: &v1,
+        bias: None,
+    };
+    let want = attend_one(&q.narrow(0, 1, 1).unwrap(), &[one], None).unwrap();
+    assert_eq!(max_diff(&got.narrow(0, 1, 1).unwrap(), &want), 0.0);
     // A history naming a row a step does not have is an error.
     let bad = vec![vec![0u32, 0, 2], vec![0, 0, 0]];
     assert!(attend_steps(&q, &steps, &bad).is_err());
