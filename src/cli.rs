@@ -501,15 +501,17 @@ pub struct ServeArgs {
     /// Sentences decoded together, after sorting the pending sentences by length.
     #[arg(long, default_value_t = SearchOptions::default().batch_size)]
     pub batch_size: usize,
-    /// Source tokens gathered from pending requests before decoding starts.
+    /// Source tokens decoded at once: requests join a running search while its sentences hold
+    /// fewer (beam-search requests are gathered into batches up to it).
     #[arg(long, default_value_t = 2048, value_name = "TOKENS")]
     pub batch_tokens: usize,
     /// Milliseconds to wait for more requests after the first one reaches an idle model, while
     /// requests come together (a lone client is answered without waiting).
     #[arg(long, default_value_t = 5, value_name = "MS")]
     pub batch_wait: u64,
-    /// Batches of a model decoded at once under load, each on its share of the cores
-    /// (default: one per core, up to 4); 1 decodes one batch at a time on all cores.
+    /// Searches of a model run at once under load, each on its share of the cores, a request
+    /// joining the one that takes it (default: one per core, up to 4); 1 runs one search on
+    /// all cores.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Largest request body in bytes (413 above).

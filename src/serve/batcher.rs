@@ -1,21 +1,26 @@
-//! Cross-request batching: a model's worker threads take the sentences of every pending
-//! request, wait a few milliseconds after the first for company while requests are coming
-//! together (or until a token budget is reached), and decode them together through the one
-//! translation path, sorted by length into batches; each request gets exactly its own
-//! translations back, in order.
+//! Cross-request batching. A model's worker runs one greedy search that the sentences of
+//! every pending request join between its steps (up to a budget of source tokens) and leave as
+//! soon as they end: a request is answered when its last sentence ends, never waiting for
+//! the longest sentence of a batch, and new requests never wait for a batch to finish
+//! (continuous batching; each sentence's arithmetic does not depend on its company, so the
+//! translations are `nmt translate`'s, bit for bit). On a device where sentences cannot join a
+//! running search (a GPU's decoder cache), the requests that arrive meanwhile start the next
+//! search together. Requests for beam search (alternatives) are gathered, sorted by length
+//! into batches and decoded between the steps, through the one translation path.
 //!
-//! Small batches decode with poor parallel efficiency (a search step is too little work to
-//! split across cores), so under load each worker decodes its batch on a thread pool of its
-//! own with a share of the cores, several batches at once; a worker that is alone uses all
-//! of them (one client's latency).
+//! With several workers, each runs its own search on a thread pool of its own with a share
+//! of the cores; a worker that is alone uses all of them.
 
 use super::metrics::Metrics;
 use crate::checkpoint::LoadedModel;
-use crate::translate::{encode_sources, translate_sources, SearchOptions, Translation};
+use crate::translate::{
+    continuous, encode_sources, translate_sources, GreedyTranslator, SearchOptions, Translation,
+};
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -117,14 +122,35 @@ struct Encoded {
 }
 
 /// A worker's loop: gather, decode, answer; returns when every handle is gone and the queue
-/// is empty.
+/// is empty. Greedy requests join one running search between its steps and are answered as
+/// soon as their last sentence ends (continuous batching: a short sentence does not wait for
+/// a long one, and a new request does not wait for a batch to finish); other requests
+/// (beam search, alignments) are decoded as gathered batches between the steps.
 fn work(shared: &Shared, pool: &rayon::ThreadPool) {
     let (model, policy) = (&shared.model, shared.policy);
+    let mut search: Option<GreedyTranslator> = None;
+    // Requests in the search: their translations so far, by the search's sentence numbers.
+    let mut open: Vec<Open> = Vec::new();
+    // Jobs taken from the queue that wait for room in the search.
+    let mut waiting: VecDeque<Encoded> = VecDeque::new();
     // Waiting for company pays only when requests come together: after a batch of one
     // request, the next is decoded as soon as it arrives (with whatever is queued by then).
     let mut together = false;
     loop {
-        let batch = {
+        let running = search.as_ref().is_some_and(|s| !s.is_empty());
+        let mut batch: Vec<Encoded> = Vec::new();
+        if running || !waiting.is_empty() {
+            // Take what has come, without waiting; if another worker, idle, holds the queue,
+            // what comes is its.
+            let queue = match shared.queue.try_lock() {
+                Ok(queue) => Some(queue),
+                Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            };
+            while let Some(Ok(job)) = queue.as_ref().map(|q| q.try_recv()) {
+                batch.extend(encode(model, job));
+            }
+        } else {
             let queue = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
             let Ok(first) = queue.recv() else { return };
             let wait = if together {
@@ -133,7 +159,7 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
                 Duration::ZERO
             };
             let deadline = first.arrived + wait;
-            let mut batch: Vec<Encoded> = encode(model, first).into_iter().collect();
+            batch.extend(encode(model, first));
             let mut tokens: usize = batch.iter().map(token_count).sum();
             while tokens < policy.tokens {
                 let next = match deadline.checked_duration_since(Instant::now()) {
@@ -146,21 +172,159 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
                     batch.push(e);
                 }
             }
-            batch
-        };
-        together = batch.len() > 1;
+            together = batch.len() > 1;
+        }
         // A client that went away (timeout, closed connection) needs no translation.
-        let batch: Vec<Encoded> = batch
-            .into_iter()
-            .filter(|e| !e.job.reply.is_closed())
-            .collect();
+        waiting.extend(batch.into_iter().filter(|e| !e.job.reply.is_closed()));
+        // Greedy requests join the search while its source tokens stay within the budget.
+        let mut gathered = Vec::new();
+        let mut joining: Vec<Encoded> = Vec::new();
+        let mut tokens: usize = open.iter().map(|o| o.tokens).sum();
+        while let Some(e) = waiting.pop_front() {
+            if !continuous(&e.job.opts) {
+                gathered.push(e);
+                continue;
+            }
+            let fits = search
+                .as_ref()
+                .is_none_or(|s| s.is_empty() || (s.can_add() && *s.options() == e.job.opts))
+                && joining.iter().all(|j| j.job.opts == e.job.opts);
+            let room = tokens == 0 || tokens + token_count(&e) <= policy.tokens;
+            if !fits || !room {
+                waiting.push_front(e);
+                break;
+            }
+            tokens += token_count(&e);
+            joining.push(e);
+        }
         let alone = shared.decoding.fetch_add(1, Ordering::SeqCst) == 0;
-        if alone {
-            crate::runtime::on_worker(|| decode(model, batch, &shared.metrics));
-        } else {
-            pool.install(|| decode(model, batch, &shared.metrics));
+        let run = |f: &mut (dyn FnMut() + Send)| {
+            if alone {
+                crate::runtime::on_worker(f);
+            } else {
+                pool.install(f);
+            }
+        };
+        if !gathered.is_empty() {
+            run(&mut || decode(model, std::mem::take(&mut gathered), &shared.metrics));
+        }
+        if !joining.is_empty() {
+            let opts = joining[0].job.opts;
+            let s = match &mut search {
+                Some(s) if !s.is_empty() => s,
+                s => s.insert(GreedyTranslator::new(&model.model, &model.tokenizer, opts)),
+            };
+            run(&mut || join(s, std::mem::take(&mut joining), &mut open));
+        }
+        if let Some(s) = search.as_mut().filter(|s| !s.is_empty()) {
+            run(&mut || step(s, &mut open, &shared.metrics));
         }
         shared.decoding.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A request in the continuous search.
+struct Open {
+    job: Job,
+    /// Its source tokens.
+    tokens: usize,
+    /// Its translations, by sentence; empty sentences are done from the start.
+    translations: Vec<Option<Translation>>,
+    /// The search's number of its first non-empty sentence: the others follow in order.
+    first: usize,
+    /// The sentence (index into `translations`) of each search number from `first` on.
+    slots: Vec<usize>,
+    /// Sentences still being decoded.
+    left: usize,
+}
+
+/// Adds the sentences of `jobs` to the search (answering a job whose sentences are all empty
+/// at once); a failure answers those jobs with it.
+fn join(search: &mut GreedyTranslator, jobs: Vec<Encoded>, open: &mut Vec<Open>) {
+    let sources: Vec<Vec<u32>> = jobs
+        .iter()
+        .flat_map(|e| e.sources.iter().flatten().cloned())
+        .collect();
+    let mut next_id = match catch_unwind(AssertUnwindSafe(|| search.add(&sources))) {
+        Ok(Ok(first)) => first,
+        other => {
+            let why = failure(other).unwrap_or_default();
+            for e in jobs {
+                let _ = e.job.reply.send(Err(why.clone()));
+            }
+            return;
+        }
+    };
+    for e in jobs {
+        let slots: Vec<usize> = (0..e.sources.len())
+            .filter(|&i| e.sources[i].is_some())
+            .collect();
+        let o = Open {
+            tokens: token_count(&e),
+            translations: e
+                .sources
+                .iter()
+                .map(|s| s.is_none().then(Translation::default))
+                .collect(),
+            first: next_id,
+            left: slots.len(),
+            slots,
+            job: e.job,
+        };
+        next_id += o.slots.len();
+        if o.left == 0 {
+            answer(o);
+        } else {
+            open.push(o);
+        }
+    }
+}
+
+/// One step of the search; requests whose sentences have all ended are answered. A failure
+/// answers every request in the search with it and empties the search.
+fn step(search: &mut GreedyTranslator, open: &mut Vec<Open>, metrics: &Metrics) {
+    let (started, rows) = (Instant::now(), search.len());
+    let done = match catch_unwind(AssertUnwindSafe(|| search.step())) {
+        Ok(Ok(done)) => done,
+        other => {
+            let why = failure(other).unwrap_or_default();
+            eprintln!("error: {why}");
+            for o in open.drain(..) {
+                let _ = o.job.reply.send(Err(why.clone()));
+            }
+            search.clear();
+            return;
+        }
+    };
+    metrics.step(rows, started.elapsed());
+    for (id, translation) in done {
+        // Requests hold consecutive numbers, in the order they joined.
+        let at = open.partition_point(|o| o.first + o.slots.len() <= id);
+        let o = &mut open[at];
+        o.translations[o.slots[id - o.first]] = Some(translation);
+        o.left -= 1;
+    }
+    let (finished, running): (Vec<Open>, Vec<Open>) = open.drain(..).partition(|o| o.left == 0);
+    *open = running;
+    finished.into_iter().for_each(answer);
+}
+
+/// Sends a finished request its translations.
+fn answer(o: Open) {
+    let translations = o
+        .translations
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect();
+    let _ = o.job.reply.send(Ok(translations));
+}
+
+/// What went wrong, if anything, in a call made under `catch_unwind`.
+fn failure<T>(result: std::thread::Result<anyhow::Result<T>>) -> Option<String> {
+    match result {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("{e:#}")),
+        Err(_) => Some("translation failed unexpectedly (a bug: please report it)".into()),
     }
 }
 
@@ -203,19 +367,15 @@ fn decode(model: &LoadedModel, mut batch: Vec<Encoded>, metrics: &Metrics) {
             translate_sources(&model.model, &model.tokenizer, &sources, &opts)
         }));
         metrics.batch(sources.len(), started.elapsed());
-        let result = match result {
-            Ok(Ok(t)) => Ok(t),
-            Ok(Err(e)) => Err(format!("{e:#}")),
-            Err(_) => Err("translation failed unexpectedly (a bug: please report it)".into()),
-        };
         match result {
-            Ok(mut translations) => {
+            Ok(Ok(mut translations)) => {
                 for e in group.into_iter().rev() {
                     let own = translations.split_off(translations.len() - e.sources.len());
                     let _ = e.job.reply.send(Ok(own));
                 }
             }
-            Err(why) => {
+            other => {
+                let why = failure(other).unwrap_or_default();
                 eprintln!("error: {why}");
                 for e in group {
                     let _ = e.job.reply.send(Err(why.clone()));

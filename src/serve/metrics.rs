@@ -15,6 +15,8 @@ pub struct Metrics {
     sentences: AtomicU64,
     batches: AtomicU64,
     batch_sentences: AtomicU64,
+    steps: AtomicU64,
+    step_sentences: AtomicU64,
     decode_micros: AtomicU64,
     in_flight: AtomicUsize,
 }
@@ -37,6 +39,8 @@ impl Metrics {
             sentences: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             batch_sentences: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            step_sentences: AtomicU64::new(0),
             decode_micros: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
         })
@@ -68,6 +72,15 @@ impl Metrics {
     pub fn batch(&self, sentences: usize, took: Duration) {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.batch_sentences
+            .fetch_add(sentences as u64, Ordering::Relaxed);
+        self.decode_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one step of the continuous greedy search over `sentences` sentences.
+    pub fn step(&self, sentences: usize, took: Duration) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_sentences
             .fetch_add(sentences as u64, Ordering::Relaxed);
         self.decode_micros
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
@@ -106,6 +119,16 @@ impl Metrics {
                 self.batch_sentences.load(Ordering::Relaxed) as f64,
             ),
             (
+                "nmt_search_steps_total",
+                "Steps of the continuous greedy search.",
+                self.steps.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "nmt_search_step_sentences_total",
+                "Sentences decoded in the continuous search's steps, summed over steps.",
+                self.step_sentences.load(Ordering::Relaxed) as f64,
+            ),
+            (
                 "nmt_decode_seconds_total",
                 "Time spent decoding.",
                 self.decode_micros.load(Ordering::Relaxed) as f64 / 1e6,
@@ -130,7 +153,8 @@ impl Metrics {
         s
     }
 
-    /// One line for the log: requests, sentences, batches, mean batch and decoding time.
+    /// One line for the log: requests, sentences, batches and search steps with their mean
+    /// sentences, decoding time.
     pub fn summary(&self) -> String {
         let requests: u64 = self
             .requests
@@ -140,10 +164,13 @@ impl Metrics {
             .sum();
         let batches = self.batches.load(Ordering::Relaxed);
         let in_batches = self.batch_sentences.load(Ordering::Relaxed);
+        let steps = self.steps.load(Ordering::Relaxed);
+        let in_steps = self.step_sentences.load(Ordering::Relaxed);
         format!(
-            "{requests} requests, {} sentences in {batches} batches (mean {:.1} sentences), {:.1} s decoding, {:.0} s up",
+            "{requests} requests, {} sentences; {batches} batches (mean {:.1} sentences), {steps} search steps (mean {:.1} sentences), {:.1} s decoding, {:.0} s up",
             self.sentences.load(Ordering::Relaxed),
             in_batches as f64 / batches.max(1) as f64,
+            in_steps as f64 / steps.max(1) as f64,
             self.decode_micros.load(Ordering::Relaxed) as f64 / 1e6,
             self.started.elapsed().as_secs_f64()
         )
