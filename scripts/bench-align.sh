@@ -4,7 +4,7 @@
 # test sources and that model's translations, grow-diag-final-and) aligns the same pairs;
 # prints precision, recall, F1 and AER of nmt's links against eflomal's, and BLEU (beam 5).
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg] [--alignment hard|P]
-#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--config FILE] [--weight W] [--guided-layer N] [--data DIR]
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--config FILE] [--weight W] [--guided-layer N] [--all-heads] [--data DIR]
 # MODEL: de→en models as `nmt translate --model` takes them. --train M first trains two for M
 # minutes each with --config (default data/configs/yardstick.json), one without and one with
 # guided alignment (eflomal's links of the training corpus, --guided-alignment, cost weight W,
@@ -21,6 +21,7 @@ while [ $# -gt 0 ]; do
     --config) config=$2; shift 2 ;;
     --weight) weight+=(--guided-alignment-weight "$2"); shift 2 ;;
     --guided-layer) weight+=(--guided-alignment-layer "$2"); shift 2 ;;
+    --all-heads) weight+=(--guided-alignment-all-heads); shift ;;
     --layer) flags+=(--alignment-layer "$2"); shift 2 ;;
     --head) flags+=(--alignment-head "$2"); shift 2 ;;
     --alignment) mode=$2; shift 2 ;;

@@ -360,6 +360,11 @@ pub struct TrainArgs {
     /// default: the last).
     #[arg(long, value_name = "N")]
     pub guided_alignment_layer: Option<usize>,
+    /// Guided alignment supervises the mean of the layer's cross-attention heads
+    /// (OpenNMT-py's default) rather than its first head (Marian's); `translate --alignment`
+    /// then reads that mean.
+    #[arg(long)]
+    pub guided_alignment_all_heads: bool,
     /// Stop after N updates.
     #[arg(long)]
     pub max_steps: Option<usize>,

@@ -414,6 +414,9 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     if args.guided_alignment_layer.is_some() {
         c.guided_alignment_layer = args.guided_alignment_layer;
     }
+    if args.guided_alignment_all_heads {
+        c.guided_alignment_all_heads = true;
+    }
     if let Some(l) = args.layers {
         c.encoder_layers = l;
         c.decoder_layers = l;
@@ -607,7 +610,7 @@ fn attention_source(
     let mut source = match crate::align::guided::recorded(&config.extra) {
         Some((layer, head)) => crate::align::AttentionSource {
             layer: Some(layer),
-            head: Some(head),
+            head,
         },
         None => crate::align::AttentionSource::default_for(config.decoder_layers),
     };

@@ -278,7 +278,7 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
         .collect();
     let align = dir.path().join("train.align");
     std::fs::write(&align, links).unwrap();
-    let train = |out: &str, guided: bool| {
+    let train = |out: &str, guided: &[&str]| {
         let run = dir.path().join(out);
         let mut args = vec![
             "train",
@@ -302,20 +302,19 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
             "300",
         ];
         args.extend_from_slice(common::TINY);
-        if guided {
-            args.extend_from_slice(&[
-                "--guided-alignment",
-                s(&align),
-                "--guided-alignment-weight",
-                "1",
-                "--guided-alignment-layer",
-                "0",
-            ]);
-        }
+        args.extend_from_slice(guided);
         nmt_ok(&args, b"");
         run
     };
-    let (plain, guided) = (train("plain", false), train("guided", true));
+    let guide = [
+        "--guided-alignment",
+        s(&align),
+        "--guided-alignment-weight",
+        "1",
+        "--guided-alignment-layer",
+        "0",
+    ];
+    let (plain, guided) = (train("plain", &[]), train("guided", &guide));
     let (before, after) = (
         diagonal_share(&plain, &vsrc),
         diagonal_share(&guided, &vsrc),
@@ -329,6 +328,22 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
     assert_eq!(
         config["nmt_guided_alignment"],
         serde_json::json!({"layer": 0, "head": 0})
+    );
+    // Supervising the mean of the layer's heads (OpenNMT-py's way) teaches that mean, which
+    // translate then reads.
+    let all = train(
+        "all-heads",
+        &[&guide[..], &["--guided-alignment-all-heads"]].concat(),
+    );
+    let share = diagonal_share(&all, &vsrc);
+    eprintln!("links on the diagonal, mean of the heads supervised: {share:.3}");
+    assert!(share > 0.9 && share > before, "{before} → {share}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(all.join("best/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config["nmt_guided_alignment"],
+        serde_json::json!({"layer": 0, "head": "avg"})
     );
 }
 

@@ -27,8 +27,8 @@ pub struct Guide {
     pub weight: f64,
     /// The supervised decoder layer (0-based).
     pub layer: usize,
-    /// The supervised head.
-    pub head: usize,
+    /// The supervised head; `None`: the mean of the layer's heads.
+    pub head: Option<usize>,
 }
 
 impl Guide {
@@ -40,7 +40,7 @@ impl Guide {
         tgt: &Path,
         weight: f64,
         layer: usize,
-        head: usize,
+        head: Option<usize>,
     ) -> Result<Self> {
         if !(weight.is_finite() && weight > 0.0) {
             bail!("--guided-alignment-weight {weight}: must be a positive number");
@@ -152,22 +152,36 @@ impl Guide {
 }
 
 /// −Σ A · log P for attention probabilities `probs` (B, H, T, S) of which `head` is
-/// supervised, and targets A (B, T, S).
-pub fn cost(probs: &Tensor, head: usize, targets: &Tensor) -> Result<Tensor> {
-    let p = probs.narrow(1, head, 1)?.squeeze(1)?;
+/// supervised (`None`: their mean over the heads), and targets A (B, T, S).
+pub fn cost(probs: &Tensor, head: Option<usize>, targets: &Tensor) -> Result<Tensor> {
+    let p = match head {
+        Some(h) => probs.narrow(1, h, 1)?.squeeze(1)?,
+        None => probs.mean(1)?,
+    };
     let log_p = (p + 1e-6)?.log()?;
     Ok((targets.to_dtype(log_p.dtype())? * log_p)?
         .sum_all()?
         .neg()?)
 }
 
-/// Where the config records the supervision: `{"layer": L, "head": H}`.
-pub fn config_value(layer: usize, head: usize) -> serde_json::Value {
-    serde_json::json!({ "layer": layer, "head": head })
+/// Where the config records the supervision: `{"layer": L, "head": H}`, H a head or `"avg"`
+/// for the mean of the layer's heads.
+pub fn config_value(layer: usize, head: Option<usize>) -> serde_json::Value {
+    match head {
+        Some(h) => serde_json::json!({ "layer": layer, "head": h }),
+        None => serde_json::json!({ "layer": layer, "head": "avg" }),
+    }
 }
 
-/// The supervised (layer, head) a checkpoint's config records, if any.
-pub fn recorded(extra: &serde_json::Map<String, serde_json::Value>) -> Option<(usize, usize)> {
+/// The supervised (layer, head) a checkpoint's config records, if any (head `None`: the
+/// mean of the heads).
+pub fn recorded(
+    extra: &serde_json::Map<String, serde_json::Value>,
+) -> Option<(usize, Option<usize>)> {
     let v = extra.get(CONFIG_KEY)?;
-    Some((v["layer"].as_u64()? as usize, v["head"].as_u64()? as usize))
+    let head = match &v["head"] {
+        serde_json::Value::String(s) if s == "avg" => None,
+        h => Some(h.as_u64()? as usize),
+    };
+    Some((v["layer"].as_u64()? as usize, head))
 }

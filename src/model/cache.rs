@@ -1,6 +1,7 @@
 //! The decoder's state between incremental decoding steps: per layer the self-attention keys
 //! and values so far and the cross-attention keys and values, laid out so that beam search
-//! reorders hypotheses and drops finished sentences without copying (on the CPU).
+//! reorders hypotheses and drops finished sentences without copying, and new sentences join a
+//! running search (on the CPU).
 
 use super::attention::Attention;
 use crate::ops::SourceKeys;

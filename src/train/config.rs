@@ -153,6 +153,9 @@ pub struct TrainConfig {
     pub guided_alignment_weight: f64,
     /// The decoder layer guided alignment supervises (0-based); `None`: the last.
     pub guided_alignment_layer: Option<usize>,
+    /// Supervise the mean of the layer's cross-attention heads (OpenNMT-py's default,
+    /// `-alignment_heads 0`) rather than its first head (Marian's).
+    pub guided_alignment_all_heads: bool,
 }
 
 impl Default for TrainConfig {
@@ -198,6 +201,7 @@ impl Default for TrainConfig {
             guided_alignment: None,
             guided_alignment_weight: 0.1,
             guided_alignment_layer: None,
+            guided_alignment_all_heads: false,
         }
     }
 }

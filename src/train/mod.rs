@@ -314,20 +314,25 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
             if layer > last {
                 bail!("--guided-alignment-layer {layer}: the model has decoder layers 0 to {last}");
             }
+            let head = (!cfg.guided_alignment_all_heads).then_some(0);
             let g = crate::align::guided::Guide::read(
                 path,
                 src,
                 tgt,
                 cfg.guided_alignment_weight,
                 layer,
-                0,
+                head,
             )?;
             model_config.extra.insert(
                 crate::align::guided::CONFIG_KEY.into(),
-                crate::align::guided::config_value(layer, 0),
+                crate::align::guided::config_value(layer, head),
             );
+            let heads = match head {
+                Some(h) => format!("head {h}"),
+                None => "the mean of its heads".into(),
+            };
             eprintln!(
-                "guided alignment: {} supervises decoder layer {layer}, head 0, weight {}",
+                "guided alignment: {} supervises decoder layer {layer}, {heads}, weight {}",
                 path.display(),
                 g.weight
             );
