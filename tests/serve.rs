@@ -223,8 +223,22 @@ fn translations_equal_nmt_translate_for_every_client() {
         metrics.contains(r#"nmt_requests_total{route="/translate",status="200"}"#),
         "{metrics}"
     );
+    // The single-sentence requests joined the running search (continuous batching).
+    let steps: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("nmt_search_steps_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("a search-step counter");
+    assert!(steps > 0.0, "{metrics}");
     let log = server.log.lock().unwrap().clone();
     assert!(log.contains("POST /translate 200 "), "{log}");
+
+    // A document of more sentences than a batch is decoded in sorted batches, as translate
+    // does it: the same translations.
+    let small = Server::start(&["--batch-size", "4"]);
+    let (status, got) = small.post_json(&json!({"q": lines, "source": "de", "target": "en"}));
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["translatedText"], json!(want));
 }
 
 #[test]

@@ -5,8 +5,9 @@
 //! (continuous batching; each sentence's arithmetic does not depend on its company, so the
 //! translations are `nmt translate`'s, bit for bit). On a device where sentences cannot join a
 //! running search (a GPU's decoder cache), the requests that arrive meanwhile start the next
-//! search together. Requests for beam search (alternatives) are gathered, sorted by length
-//! into batches and decoded between the steps, through the one translation path.
+//! search together. Requests for beam search (alternatives), and documents of more sentences
+//! than `--batch-size`, are gathered, sorted by length into batches and decoded between the
+//! steps, through the one translation path.
 //!
 //! With several workers, each runs its own search on a thread pool of its own with a share
 //! of the cores; a worker that is alone uses all of them.
@@ -181,7 +182,9 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
         let mut joining: Vec<Encoded> = Vec::new();
         let mut tokens: usize = open.iter().map(|o| o.tokens).sum();
         while let Some(e) = waiting.pop_front() {
-            if !continuous(&e.job.opts) {
+            // A document (more sentences than a batch) decodes best sorted by length into
+            // batches, as `nmt translate` does it.
+            if !continuous(&e.job.opts) || e.sources.len() > e.job.opts.batch_size {
                 gathered.push(e);
                 continue;
             }
