@@ -41,8 +41,21 @@ fn transformers_loads_our_checkpoint_and_computes_the_same_logits() {
 #[test]
 fn greedy_and_beam_search_equal_transformers_generate() {
     let f = recorded();
-    let m = nmt::checkpoint::load(&toy(), &Device::Cpu, DType::F32).unwrap();
     let sources = common::id_rows(&f["sources"]);
+    // f32 takes the CPU's decoding kernels (shared encoder keys, keys kept per step); f64
+    // takes the general path other devices take (keys copied per hypothesis).
+    for dtype in [DType::F32, DType::F64] {
+        let m = nmt::checkpoint::load(&toy(), &Device::Cpu, dtype).unwrap();
+        search_cases(&f, &m.model, &sources, dtype);
+    }
+}
+
+fn search_cases(
+    f: &serde_json::Value,
+    model: &nmt::model::Seq2Seq,
+    sources: &[Vec<u32>],
+    dtype: DType,
+) {
     for case in f["cases"].as_array().unwrap() {
         let beam_size = case["beam"].as_u64().unwrap() as usize;
         let lp = case["length_penalty"].as_f64().unwrap();
@@ -55,7 +68,7 @@ fn greedy_and_beam_search_equal_transformers_generate() {
             for part in sources.chunks(chunk) {
                 if beam_size == 1 {
                     got.extend(
-                        decode::greedy(&m.model, part, &lens[..part.len()], false)
+                        decode::greedy(model, part, &lens[..part.len()], false)
                             .unwrap()
                             .into_iter()
                             .map(|(ids, _)| ids),
@@ -67,7 +80,7 @@ fn greedy_and_beam_search_equal_transformers_generate() {
                         gnmt: false,
                     };
                     got.extend(
-                        beam::beam_search(&m.model, part, &lens[..part.len()], opts)
+                        beam::beam_search(model, part, &lens[..part.len()], opts)
                             .unwrap()
                             .into_iter()
                             .map(|h| h[0].tokens.clone()),
@@ -78,7 +91,7 @@ fn greedy_and_beam_search_equal_transformers_generate() {
             assert_eq!(
                 same,
                 want.len(),
-                "beam {beam_size} lp {lp} max {max_new} chunk {chunk}: {got:?} vs {want:?}"
+                "{dtype:?} beam {beam_size} lp {lp} max {max_new} chunk {chunk}: {got:?} vs {want:?}"
             );
         }
     }
