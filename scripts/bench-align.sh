@@ -3,8 +3,8 @@
 # test_2016_flickr with `--alignment hard` (or a threshold P); eflomal (trained on the training corpus plus the
 # test sources and that model's translations, grow-diag-final-and) aligns the same pairs;
 # prints precision, recall, F1 and AER of nmt's links against eflomal's, and BLEU (beam 5).
-#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg] [--alignment hard|P]
-#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--config FILE] [--weight W] [--guided-layer N] [--all-heads] [--data DIR]
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh MODEL [MODEL2 ...] [--data DIR] [--layer N|avg] [--head N|avg] [--position predict|read] [--alignment hard|P]
+#   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-align.sh --train MINUTES [--config FILE] [--weight W] [--guided-layer N] [--all-heads] [--guided-position predict|read] [--data DIR]
 # MODEL: de→en models as `nmt translate --model` takes them. --train M first trains two for M
 # minutes each with --config (default data/configs/yardstick.json), one without and one with
 # guided alignment (eflomal's links of the training corpus, --guided-alignment, cost weight W,
@@ -22,6 +22,8 @@ while [ $# -gt 0 ]; do
     --weight) weight+=(--guided-alignment-weight "$2"); shift 2 ;;
     --guided-layer) weight+=(--guided-alignment-layer "$2"); shift 2 ;;
     --all-heads) weight+=(--guided-alignment-all-heads); shift ;;
+    --guided-position) weight+=(--guided-alignment-position "$2"); shift 2 ;;
+    --position) flags+=(--alignment-position "$2"); shift 2 ;;
     --layer) flags+=(--alignment-layer "$2"); shift 2 ;;
     --head) flags+=(--alignment-head "$2"); shift 2 ;;
     --alignment) mode=$2; shift 2 ;;

@@ -365,6 +365,11 @@ pub struct TrainArgs {
     /// then reads that mean.
     #[arg(long)]
     pub guided_alignment_all_heads: bool,
+    /// Decoder position guided alignment supervises each target token's alignment at: the
+    /// one that predicts it (Marian's), or the next, which reads it and so knows which word it
+    /// aligns; `translate --alignment` then reads there.
+    #[arg(long, value_name = "predict|read")]
+    pub guided_alignment_position: Option<crate::align::AlignPosition>,
     /// Stop after N updates.
     #[arg(long)]
     pub max_steps: Option<usize>,
@@ -468,6 +473,11 @@ pub struct TranslateArgs {
     /// of the heads.
     #[arg(long, value_name = "N|avg")]
     pub alignment_head: Option<String>,
+    /// Decoder position a target word's alignment is read at: the one that predicts it, or
+    /// the next, which reads it; default: where the model was trained to align (guided
+    /// alignment), else predict.
+    #[arg(long, value_name = "predict|read")]
+    pub alignment_position: Option<crate::align::AlignPosition>,
     /// Draw each line's attention (best hypothesis, words on both axes) into
     /// DIR/line-NNNNNN.png; the layer and head as for --alignment.
     #[arg(long, value_name = "DIR")]

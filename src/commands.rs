@@ -417,6 +417,9 @@ fn train_config(args: &TrainArgs) -> Result<TrainConfig> {
     if args.guided_alignment_all_heads {
         c.guided_alignment_all_heads = true;
     }
+    if let Some(p) = args.guided_alignment_position {
+        c.guided_alignment_position = p;
+    }
     if let Some(l) = args.layers {
         c.encoder_layers = l;
         c.decoder_layers = l;
@@ -607,13 +610,11 @@ fn attention_source(
         }
     };
     // A model trained with guided alignment is read where it was supervised.
-    let mut source = match crate::align::guided::recorded(&config.extra) {
-        Some((layer, head)) => crate::align::AttentionSource {
-            layer: Some(layer),
-            head,
-        },
-        None => crate::align::AttentionSource::default_for(config.decoder_layers),
-    };
+    let mut source = crate::align::guided::recorded(&config.extra)
+        .unwrap_or_else(|| crate::align::AttentionSource::default_for(config.decoder_layers));
+    if let Some(position) = args.alignment_position {
+        source.position = position;
+    }
     if let Some(layer) = pick(
         "--alignment-layer",
         &args.alignment_layer,

@@ -345,6 +345,21 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
         config["nmt_guided_alignment"],
         serde_json::json!({"layer": 0, "head": "avg"})
     );
+    // Supervised at the positions that read each token, and read there by translate.
+    let read = train(
+        "read",
+        &[&guide[..], &["--guided-alignment-position", "read"]].concat(),
+    );
+    let share = diagonal_share(&read, &vsrc);
+    eprintln!("links on the diagonal, supervised where each token is read: {share:.3}");
+    assert!(share > 0.95 && share > before, "{before} → {share}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(read.join("best/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config["nmt_guided_alignment"],
+        serde_json::json!({"layer": 0, "head": 0, "position": "read"})
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! −w · Σ A · log P over those pieces to the training loss (summed over tokens, as the
 //! cross-entropy is).
 
-use super::piece_words;
+use super::{piece_words, AlignPosition, AttentionSource};
 use crate::data::batch::Example;
 use crate::data::corpus::LineReader;
 use crate::data::tokenizer::SubwordTokenizer;
@@ -29,6 +29,8 @@ pub struct Guide {
     pub layer: usize,
     /// The supervised head; `None`: the mean of the layer's heads.
     pub head: Option<usize>,
+    /// The decoder position each target piece's alignment is supervised at.
+    pub position: AlignPosition,
 }
 
 impl Guide {
@@ -41,6 +43,7 @@ impl Guide {
         weight: f64,
         layer: usize,
         head: Option<usize>,
+        position: AlignPosition,
     ) -> Result<Self> {
         if !(weight.is_finite() && weight > 0.0) {
             bail!("--guided-alignment-weight {weight}: must be a positive number");
@@ -91,6 +94,7 @@ impl Guide {
             weight,
             layer,
             head,
+            position,
         })
     }
 
@@ -138,7 +142,7 @@ impl Guide {
                     continue;
                 }
                 rows += 1;
-                let row = (b * t_width + t) * s_width;
+                let row = (b * t_width + self.position.row(t)) * s_width;
                 for p in &pieces {
                     a[row + p] = 1.0 / pieces.len() as f32;
                 }
@@ -165,23 +169,32 @@ pub fn cost(probs: &Tensor, head: Option<usize>, targets: &Tensor) -> Result<Ten
 }
 
 /// Where the config records the supervision: `{"layer": L, "head": H}`, H a head or `"avg"`
-/// for the mean of the layer's heads.
-pub fn config_value(layer: usize, head: Option<usize>) -> serde_json::Value {
-    match head {
-        Some(h) => serde_json::json!({ "layer": layer, "head": h }),
-        None => serde_json::json!({ "layer": layer, "head": "avg" }),
+/// for the mean of the layer's heads, and `"position": "read"` when supervised there.
+pub fn config_value(g: &Guide) -> serde_json::Value {
+    let mut v = match g.head {
+        Some(h) => serde_json::json!({ "layer": g.layer, "head": h }),
+        None => serde_json::json!({ "layer": g.layer, "head": "avg" }),
+    };
+    if g.position != AlignPosition::Predict {
+        v["position"] = serde_json::json!(g.position);
     }
+    v
 }
 
-/// The supervised (layer, head) a checkpoint's config records, if any (head `None`: the
-/// mean of the heads).
-pub fn recorded(
-    extra: &serde_json::Map<String, serde_json::Value>,
-) -> Option<(usize, Option<usize>)> {
+/// The attention a checkpoint's config records as supervised, if any.
+pub fn recorded(extra: &serde_json::Map<String, serde_json::Value>) -> Option<AttentionSource> {
     let v = extra.get(CONFIG_KEY)?;
     let head = match &v["head"] {
         serde_json::Value::String(s) if s == "avg" => None,
         h => Some(h.as_u64()? as usize),
     };
-    Some((v["layer"].as_u64()? as usize, head))
+    let position = match v.get("position") {
+        Some(p) => serde_json::from_value(p.clone()).ok()?,
+        None => AlignPosition::Predict,
+    };
+    Some(AttentionSource {
+        layer: Some(v["layer"].as_u64()? as usize),
+        head,
+        position,
+    })
 }

@@ -47,6 +47,42 @@ pub struct AttentionSource {
     pub layer: Option<usize>,
     /// A head, or `None` for the mean over heads.
     pub head: Option<usize>,
+    /// The decoder position a target token's alignment is read at.
+    pub position: AlignPosition,
+}
+
+/// The decoder position a target token's alignment is read (and guided alignment trains it)
+/// at.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum AlignPosition {
+    /// The position that predicts the token (Marian's): its attention has not seen the token.
+    #[default]
+    Predict,
+    /// The next position, which reads the token as its input: its attention knows which word
+    /// it is aligning.
+    Read,
+}
+
+impl AlignPosition {
+    /// The decoder position (row of a teacher-forced pass over `<s>` + target) at which target
+    /// piece `t` is aligned.
+    pub fn row(self, t: usize) -> usize {
+        match self {
+            Self::Predict => t,
+            Self::Read => t + 1,
+        }
+    }
 }
 
 impl AttentionSource {
@@ -58,6 +94,7 @@ impl AttentionSource {
         Self {
             layer: Some(layers.saturating_sub(1)),
             head: None,
+            position: AlignPosition::Predict,
         }
     }
 }
@@ -239,9 +276,8 @@ pub fn align(
             // Rows of the hypothesis' tokens (not of the final `</s>`), columns of the source
             // pieces (not its `</s>`).
             let src = &src[..src.len().saturating_sub(1)];
-            let rows: Vec<Vec<f32>> = rows[..tgt.len()]
-                .iter()
-                .map(|r| r[..src.len()].to_vec())
+            let rows: Vec<Vec<f32>> = (0..tgt.len())
+                .map(|t| rows[source.position.row(t)][..src.len()].to_vec())
                 .collect();
             let words = |ids: &[u32]| -> Result<Vec<String>> {
                 Ok(tokenizer

@@ -156,6 +156,8 @@ pub struct TrainConfig {
     /// Supervise the mean of the layer's cross-attention heads (OpenNMT-py's default,
     /// `-alignment_heads 0`) rather than its first head (Marian's).
     pub guided_alignment_all_heads: bool,
+    /// The decoder position each target token's alignment is supervised at.
+    pub guided_alignment_position: crate::align::AlignPosition,
 }
 
 impl Default for TrainConfig {
@@ -202,6 +204,7 @@ impl Default for TrainConfig {
             guided_alignment_weight: 0.1,
             guided_alignment_layer: None,
             guided_alignment_all_heads: false,
+            guided_alignment_position: crate::align::AlignPosition::Predict,
         }
     }
 }

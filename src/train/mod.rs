@@ -322,17 +322,22 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
                 cfg.guided_alignment_weight,
                 layer,
                 head,
+                cfg.guided_alignment_position,
             )?;
             model_config.extra.insert(
                 crate::align::guided::CONFIG_KEY.into(),
-                crate::align::guided::config_value(layer, head),
+                crate::align::guided::config_value(&g),
             );
             let heads = match head {
                 Some(h) => format!("head {h}"),
                 None => "the mean of its heads".into(),
             };
+            let position = match g.position {
+                crate::align::AlignPosition::Predict => "predicting",
+                crate::align::AlignPosition::Read => "reading",
+            };
             eprintln!(
-                "guided alignment: {} supervises decoder layer {layer}, {heads}, weight {}",
+                "guided alignment: {} supervises decoder layer {layer}, {heads}, at the positions {position} each token, weight {}",
                 path.display(),
                 g.weight
             );

@@ -40,6 +40,7 @@ fuzz_target!(|data: &[u8]| {
         alignment: (knobs & 2 != 0).then_some(AttentionSource {
             layer: Some(0),
             head: None,
+            position: Default::default(),
         }),
     };
     let format = OutputFormat {
