@@ -259,6 +259,14 @@ fn diagonal_share(model: &std::path::Path, src: &std::path::Path) -> f64 {
     on as f64 / all.max(1) as f64
 }
 
+/// What a run's best checkpoint records as supervised by guided alignment.
+fn supervision(run: &std::path::Path) -> serde_json::Value {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("best/config.json")).unwrap())
+            .unwrap();
+    config["nmt_guided_alignment"].clone()
+}
+
 #[test]
 fn guided_alignment_teaches_the_supervised_head_the_alignment() {
     let dir = tempfile::tempdir().unwrap();
@@ -322,11 +330,8 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
     eprintln!("links on the diagonal: {before:.3} without guided alignment, {after:.3} with");
     assert!(after > 0.95 && after > before, "{before} → {after}");
     // The checkpoint says which head was supervised; translate reads that one by default.
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(guided.join("best/config.json")).unwrap())
-            .unwrap();
     assert_eq!(
-        config["nmt_guided_alignment"],
+        supervision(&guided),
         serde_json::json!({"layer": 0, "head": 0})
     );
     // Supervising the mean of the layer's heads (OpenNMT-py's way) teaches that mean, which
@@ -338,11 +343,8 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
     let share = diagonal_share(&all, &vsrc);
     eprintln!("links on the diagonal, mean of the heads supervised: {share:.3}");
     assert!(share > 0.9 && share > before, "{before} → {share}");
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(all.join("best/config.json")).unwrap())
-            .unwrap();
     assert_eq!(
-        config["nmt_guided_alignment"],
+        supervision(&all),
         serde_json::json!({"layer": 0, "head": "avg"})
     );
     // Supervised at the positions that read each token, and read there by translate.
@@ -353,11 +355,8 @@ fn guided_alignment_teaches_the_supervised_head_the_alignment() {
     let share = diagonal_share(&read, &vsrc);
     eprintln!("links on the diagonal, supervised where each token is read: {share:.3}");
     assert!(share > 0.95 && share > before, "{before} → {share}");
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(read.join("best/config.json")).unwrap())
-            .unwrap();
     assert_eq!(
-        config["nmt_guided_alignment"],
+        supervision(&read),
         serde_json::json!({"layer": 0, "head": 0, "position": "read"})
     );
 }
