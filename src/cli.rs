@@ -151,6 +151,10 @@ pub struct EvalArgs {
     /// How the linear layers compute when translating with --model on the CPU.
     #[arg(long, value_enum, default_value_t = ComputeArg::Float32, requires = "model")]
     pub compute_type: ComputeArg,
+    /// Batches translated at once with --model, each by its own search on a share of the
+    /// cores (default: one per core, up to 4, on the CPU; 1 on CUDA).
+    #[arg(long, value_name = "N", requires = "model")]
+    pub workers: Option<usize>,
     /// Metrics to compute, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "bleu")]
     pub metrics: Vec<MetricName>,
@@ -444,6 +448,11 @@ pub struct TranslateArgs {
     /// terminal are translated as they come.
     #[arg(long, default_value_t = 10, value_name = "BATCHES")]
     pub maxi_batch: usize,
+    /// Batches translated at once, each by its own search on a share of the cores, as
+    /// Marian's and CTranslate2's CPU workers (default: one per core, up to 4, on the CPU; 1
+    /// on CUDA). Translations do not depend on it.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
     /// Device.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,

@@ -156,6 +156,7 @@ fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
         crate::checkpoint::load_as(&crate::checkpoint::resolve(model)?, &device, dtype, compute)?;
     let opts = crate::translate::SearchOptions {
         beam: beam.max(1),
+        workers: search_workers(args.workers, &device)?,
         ..Default::default()
     };
     let mut lines = Vec::with_capacity(source.lines.len());
@@ -568,6 +569,7 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         batch_size: args.batch_size,
         scores: args.scores || args.json || args.nbest.is_some(),
         alignment,
+        workers: search_workers(args.workers, &device)?,
     };
     let format = crate::translate::OutputFormat {
         nbest: args.nbest.is_some(),
@@ -586,6 +588,17 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         &opts,
         &format,
     )
+}
+
+/// `--workers` of `translate` and `eval --model`: at least 1; by default one per core (up
+/// to 4) on the CPU, one on other devices (whose searches are not measured side by side).
+fn search_workers(workers: Option<usize>, device: &Device) -> Result<usize> {
+    match workers {
+        Some(0) => bail!("--workers must be at least 1"),
+        Some(n) => Ok(n),
+        None if device.is_cpu() => Ok(crate::runtime::default_workers()),
+        None => Ok(1),
+    }
 }
 
 /// The attention `--alignment-layer` and `--alignment-head` name, checked against the model.
@@ -700,10 +713,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             policy: crate::serve::batcher::BatchPolicy {
                 tokens: args.batch_tokens,
                 wait: std::time::Duration::from_millis(args.batch_wait),
-                // (Asked on a worker, so that the pool is built with nmt's settings.)
-                workers: args.workers.unwrap_or_else(|| {
-                    crate::runtime::on_worker(rayon::current_num_threads).min(4)
-                }),
+                workers: args.workers.unwrap_or_else(crate::runtime::default_workers),
             },
         },
     )

@@ -37,6 +37,9 @@ pub struct SearchOptions {
     pub scores: bool,
     /// Align every hypothesis with its source, word by word, from this attention.
     pub alignment: Option<AttentionSource>,
+    /// Batches decoded at once, each by its own search on its share of the cores
+    /// ([`crate::runtime::worker_pools`]); 1 decodes one batch at a time on every core.
+    pub workers: usize,
 }
 
 impl Default for SearchOptions {
@@ -51,6 +54,7 @@ impl Default for SearchOptions {
             batch_size: 64,
             scores: false,
             alignment: None,
+            workers: 1,
         }
     }
 }
@@ -156,20 +160,78 @@ pub fn translate_sources(
         .collect();
     todo.sort_by_key(|(_, ids)| ids.len());
     // Batches of similar lengths: less padding, and sentences that end at about the same step.
-    for chunk in todo.chunks(opts.batch_size.max(1)) {
-        decode_sorted(model, tokenizer, chunk, opts, &mut out)?;
+    let batches: Vec<&[(usize, &[u32])]> = todo.chunks(opts.batch_size.max(1)).collect();
+    let done = if opts.workers <= 1 || batches.len() <= 1 {
+        let mut done = Vec::with_capacity(todo.len());
+        for batch in batches {
+            done.extend(decode_sorted(model, tokenizer, batch, opts)?);
+        }
+        done
+    } else {
+        decode_by_workers(model, tokenizer, &batches, opts)?
+    };
+    for (i, t) in done {
+        out[i] = t;
     }
     Ok(out)
 }
 
-/// Decodes one batch of (line index, source ids) into `out`.
+/// Decodes `batches` on `opts.workers` searches at once, each taking the next batch when it is
+/// done, longest first (so that no search is left with a long batch at the end). A sentence's
+/// translation does not depend on its batch or its search: the results are the sequential
+/// loop's, bit for bit.
+fn decode_by_workers(
+    model: &Seq2Seq,
+    tokenizer: &SubwordTokenizer,
+    batches: &[&[(usize, &[u32])]],
+    opts: &SearchOptions,
+) -> Result<Vec<(usize, Translation)>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let pools = crate::runtime::worker_pools(opts.workers)?;
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let searches: Vec<_> = pools
+            .iter()
+            .map(|pool| {
+                let next = &next;
+                s.spawn(move || -> Result<Vec<(usize, Translation)>> {
+                    let mut done = Vec::new();
+                    loop {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(batch) = batches.len().checked_sub(n + 1).map(|b| batches[b])
+                        else {
+                            return Ok(done);
+                        };
+                        match pool.install(|| decode_sorted(model, tokenizer, batch, opts)) {
+                            Ok(d) => done.extend(d),
+                            Err(e) => {
+                                // The other searches stop after their current batch.
+                                next.store(batches.len(), Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut done = Vec::new();
+        for search in searches {
+            match search.join() {
+                Ok(d) => done.extend(d?),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        Ok(done)
+    })
+}
+
+/// Decodes one batch of (line index, source ids): (line index, translation) for each.
 fn decode_sorted(
     model: &Seq2Seq,
     tokenizer: &SubwordTokenizer,
     todo: &[(usize, &[u32])],
     opts: &SearchOptions,
-    out: &mut [Translation],
-) -> Result<()> {
+) -> Result<Vec<(usize, Translation)>> {
     let srcs: Vec<Vec<u32>> = todo.iter().map(|(_, ids)| ids.to_vec()).collect();
     let lens: Vec<usize> = srcs
         .iter()
@@ -218,14 +280,16 @@ fn decode_sorted(
         None => Vec::new(),
     }
     .into_iter();
-    for ((i, _), hyps) in todo.iter().zip(found) {
-        let hypotheses = hyps
-            .into_iter()
-            .map(|(ids, score)| hypothesis(tokenizer, &ids, score, alignments.next().flatten()))
-            .collect::<Result<_>>()?;
-        out[*i] = Translation { hypotheses };
-    }
-    Ok(())
+    todo.iter()
+        .zip(found)
+        .map(|((i, _), hyps)| {
+            let hypotheses = hyps
+                .into_iter()
+                .map(|(ids, score)| hypothesis(tokenizer, &ids, score, alignments.next().flatten()))
+                .collect::<Result<_>>()?;
+            Ok((*i, Translation { hypotheses }))
+        })
+        .collect()
 }
 
 /// A greedy output's score as beam search ranks (its summed log-probability over the length

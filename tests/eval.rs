@@ -339,17 +339,23 @@ fn eval_translates_with_a_model_and_scores() {
     );
     let refs = dir.path().join("ref.txt");
     std::fs::write(&refs, &hyp).unwrap();
-    let out = nmt_ok(
-        &[
-            "eval",
-            "--model",
-            s(&model),
-            "--src",
-            s(&src),
-            "--ref",
-            s(&refs),
-        ],
-        b"",
-    );
+    let eval = |workers: &str| {
+        nmt_ok(
+            &[
+                "eval",
+                "--model",
+                s(&model),
+                "--src",
+                s(&src),
+                "--ref",
+                s(&refs),
+                "--workers",
+                workers,
+            ],
+            b"",
+        )
+    };
+    let out = eval("1");
     assert!(out.starts_with("BLEU = 100.00"), "{out}");
+    assert_eq!(out, eval("3"));
 }

@@ -254,6 +254,52 @@ fn sorting_a_window_of_lines_into_batches_keeps_the_output_order() {
     );
 }
 
+/// Batches decoded by searches side by side (`--workers`) translate as one search does,
+/// byte for byte with scores, in both compute types and both searches.
+#[test]
+fn searches_side_by_side_translate_as_one_search() {
+    let model = toy();
+    let sources = std::fs::read(model.join("sources.txt")).unwrap();
+    for (beam, ct) in [
+        ("1", "float32"),
+        ("3", "float32"),
+        ("1", "int8"),
+        ("3", "int8"),
+    ] {
+        let run = |workers: &str| {
+            nmt_ok(
+                &[
+                    "translate",
+                    "--model",
+                    s(&model),
+                    "--beam",
+                    beam,
+                    "--compute-type",
+                    ct,
+                    "--scores",
+                    "--batch-size",
+                    "2",
+                    "--workers",
+                    workers,
+                ],
+                &sources,
+            )
+        };
+        let one = run("1");
+        assert_eq!(
+            one.lines().count(),
+            sources.split(|&b| b == b'\n').count() - 1
+        );
+        assert_eq!(one, run("2"), "beam {beam}, {ct}: 2 workers");
+        assert_eq!(one, run("3"), "beam {beam}, {ct}: 3 workers");
+    }
+    let err = nmt_err(
+        &["translate", "--model", s(&model), "--workers", "0"],
+        b"1\n",
+    );
+    assert!(err.contains("--workers must be at least 1"), "{err}");
+}
+
 /// Arbitrary bytes on stdin never make translate panic: they translate or fail cleanly.
 #[test]
 fn translate_input_path_never_panics() {

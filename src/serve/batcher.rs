@@ -82,19 +82,13 @@ impl Batcher {
             metrics,
             decoding: AtomicUsize::new(0),
         });
-        let threads = (rayon::current_num_threads() / workers).max(1);
+        let pools = crate::runtime::worker_pools(workers)?;
         let handles = (0..workers)
             .map(|i| {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .stack_size(64 << 20)
-                    .thread_name(move |t| format!("nmt-decode-{i}-{t}"))
-                    .build()
-                    .map_err(std::io::Error::other)?;
-                let shared = shared.clone();
+                let (shared, pools) = (shared.clone(), pools.clone());
                 std::thread::Builder::new()
                     .name(format!("nmt-model-{name}-{i}"))
-                    .spawn(move || work(&shared, &pool))
+                    .spawn(move || work(&shared, &pools[i]))
             })
             .collect::<std::io::Result<_>>()?;
         Ok((Batcher { jobs }, handles))
