@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Decoding speed and parity on the same weights: nmt, transformers `generate` and CTranslate2
-# (2 threads), greedy and beam 5, batch 64, over test_2016_flickr.de, in float32 and in int8
+# Decoding speed and parity on the same weights: nmt (its default workers), transformers
+# `generate` and CTranslate2 (2 threads, in whichever of its thread layouts is faster: one
+# translator on both, or two side by side), greedy and beam 5, batch 64, over test_2016_flickr.de, in float32 and in int8
 # (nmt --compute-type int8; CTranslate2's int8 and int8_float32); prints the CPU, sentences/s
 # (best of --rounds runs, nmt and CTranslate2 alternating, each peer in a process of its own;
 # nmt also with its start-up subtracted, as the peers' timings leave out loading), the speed
@@ -62,8 +63,18 @@ import json, sys
 work = sys.argv[1]
 m = {}
 for line in open(f"{work}/rates"):
-    for k, v in json.loads(line).items():
-        m[k] = max(m.get(k, v), v) if isinstance(v, float) and "rss" not in k else v
+    d = json.loads(line)
+    for k, v in d.items():
+        if k.endswith("_layout"):
+            continue
+        if isinstance(v, float) and "rss" not in k:
+            if v >= m.get(k, 0):
+                m[k] = v
+                layout = k.replace("_sent_per_s", "_layout")
+                if layout in d:
+                    m[layout] = d[layout]
+        else:
+            m[k] = v
 read = lambda n: open(f"{work}/{n}", encoding="utf-8").read().split("\n")[:-1]
 print("sentences/s; nmt: whole process (start-up, model load, decoding), then decoding only")
 print("(start-up subtracted; the peers' timings cover decoding only)")
@@ -73,6 +84,9 @@ for beams in (1, 5):
     for how, key in (("", "sent_per_s"), (" decoding", "decode_sent_per_s")):
         rate = m[f"nmt-float32_beam{beams}_{key}"]
         print(f"{f'beam {beams}{how}':<22} {rate:>8.1f} {hf or 0:>13.1f} {ct or 0:>12.1f}   {rate / hf if hf else 0:>16.2f}  {rate / ct if ct else 0:>7.2f}")
+print("CTranslate2's faster thread layout (translators x threads each): " + ", ".join(
+    f"{ct} beam {b} {m[f'{ct}_beam{b}_layout']}" for ct in ("ct2", "ct2_int8", "ct2_int8_float32")
+    for b in (1, 5) if f"{ct}_beam{b}_layout" in m))
 print("\nint8 (nmt --compute-type int8; CTranslate2 int8 and int8_float32), sentences/s")
 print(f"{'':22} {'nmt int8':>9} {'CT2 int8':>9} {'CT2 i8_f32':>11}  vs faster CT2  vs nmt float32")
 for beams in (1, 5):

@@ -203,6 +203,10 @@ impl RowKernel for Int8Linear {
         let mut xq = vec![0i8; rows * stride];
         let mut xs = vec![0f32; rows];
         quantize_rows(x, self.k, &mut xq, &mut xs);
+        if self.kernel == Kernel::Vnni {
+            // The VNNI kernel reads inputs as unsigned bytes: flipping the sign bit adds 128.
+            xq.iter_mut().for_each(|v| *v ^= i8::MIN);
+        }
         let q = Quantized {
             x: &xq,
             scales: &xs,
@@ -381,8 +385,6 @@ unsafe fn tile<const R: usize>(t: &Tile) {
     use std::arch::x86_64::*;
     let mut lo = [_mm512_setzero_si512(); R];
     let mut hi = [_mm512_setzero_si512(); R];
-    // Inputs as unsigned bytes: flipping the sign bit adds 128.
-    let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
     for g in 0..t.k4 {
         let w0 = _mm512_loadu_si512(t.panel.add(g * PANEL * 4).cast());
         let w1 = _mm512_loadu_si512(t.panel.add(g * PANEL * 4 + 64).cast());
@@ -391,7 +393,7 @@ unsafe fn tile<const R: usize>(t: &Tile) {
                 t.x.add(r * t.x_stride + g * 4)
                     .cast::<i32>()
                     .read_unaligned();
-            let xv = _mm512_xor_si512(_mm512_set1_epi32(four), flip);
+            let xv = _mm512_set1_epi32(four);
             lo[r] = _mm512_dpbusd_epi32(lo[r], xv, w0);
             hi[r] = _mm512_dpbusd_epi32(hi[r], xv, w1);
         }
