@@ -152,7 +152,7 @@ pub struct EvalArgs {
     #[arg(long, value_enum, default_value_t = ComputeArg::Float32, requires = "model")]
     pub compute_type: ComputeArg,
     /// Batches translated at once with --model, each by its own search on a share of the
-    /// cores (default: one per core, up to 4, on the CPU; 1 on CUDA).
+    /// cores (default: one per core, up to 4; CPU only).
     #[arg(long, value_name = "N", requires = "model")]
     pub workers: Option<usize>,
     /// Metrics to compute, comma-separated.
@@ -449,8 +449,8 @@ pub struct TranslateArgs {
     #[arg(long, default_value_t = 10, value_name = "BATCHES")]
     pub maxi_batch: usize,
     /// Batches translated at once, each by its own search on a share of the cores, as
-    /// Marian's and CTranslate2's CPU workers (default: one per core, up to 4, on the CPU; 1
-    /// on CUDA). Translations do not depend on it.
+    /// Marian's and CTranslate2's CPU workers (default: one per core, up to 4; CPU only).
+    /// Translations do not depend on it.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Device.

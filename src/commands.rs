@@ -591,10 +591,13 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
 }
 
 /// `--workers` of `translate` and `eval --model`: at least 1; by default one per core (up
-/// to 4) on the CPU, one on other devices (whose searches are not measured side by side).
+/// to 4) on the CPU; on a GPU one search has the whole device.
 fn search_workers(workers: Option<usize>, device: &Device) -> Result<usize> {
     match workers {
         Some(0) => bail!("--workers must be at least 1"),
+        Some(n) if n > 1 && !device.is_cpu() => {
+            bail!("--workers {n}: searches side by side share the CPU's cores; on a GPU one search has the whole device (leave --workers out)")
+        }
         Some(n) => Ok(n),
         None if device.is_cpu() => Ok(crate::runtime::default_workers()),
         None => Ok(1),
