@@ -74,7 +74,8 @@ def ctranslate2_translate():
             rate, key = round(len(outs) / s, 1), f"{name}_beam{beams}_sent_per_s"
             if rate > res.get(key, 0):
                 res[key], res[f"{name}_beam{beams}_layout"] = rate, f"{inter}x{intra}"
-            open(os.path.join(a.out, f"{file}.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
+            if (inter, intra) == layouts[0]:  # the same translations in either layout
+                open(os.path.join(a.out, f"{file}.beam{beams}.txt"), "w").write("".join(o + "\n" for o in outs))
         del tr
 
 

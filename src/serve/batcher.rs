@@ -9,8 +9,10 @@
 //! than `--batch-size`, are gathered, sorted by length into batches and decoded between the
 //! steps, through the one translation path.
 //!
-//! With several workers, each runs its own search on a thread pool of its own with a share
-//! of the cores; a worker that is alone uses all of them.
+//! With several workers, each runs its own search on one of the process's worker pools
+//! ([`crate::runtime::worker_pools`]), a share of the cores; worker i of every model served
+//! uses pool i, so several models do not start more threads than there are cores. A worker
+//! that is alone uses all of them.
 
 use super::metrics::Metrics;
 use crate::checkpoint::LoadedModel;
