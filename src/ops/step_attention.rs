@@ -158,7 +158,10 @@ pub fn attend_one(
 }
 
 /// softmax(q·kⱼ + biasⱼ)-weighted sum of the values vⱼ for one query row `qr` over `n` keys
-/// and values given by `key(j)` and `value(j)`, into `o` (zeroed).
+/// and values given by `key(j)` and `value(j)`, written to `o`. A decoding step and the
+/// encoder call this for every (row, head), tens of thousands of times per batch: the scores
+/// of up to [`STACK_KEYS`] keys live on the stack, and the exponentials are the vectorised
+/// [`fast_exp`] (the training kernel's).
 #[inline(always)]
 pub(crate) fn attend_row<'a>(
     qr: &[f32],
@@ -168,21 +171,47 @@ pub(crate) fn attend_row<'a>(
     bias: Option<&[f32]>,
     o: &mut [f32],
 ) {
-    let mut scores: Vec<f32> = (0..n).map(|j| dot(key(j), qr)).collect();
+    let mut stack = [0f32; STACK_KEYS];
+    let mut heap = Vec::new();
+    let scores = if n <= STACK_KEYS {
+        &mut stack[..n]
+    } else {
+        heap.resize(n, 0f32);
+        &mut heap[..]
+    };
+    for (j, x) in scores.iter_mut().enumerate() {
+        *x = dot(key(j), qr);
+    }
     if let Some(b) = bias {
         scores.iter_mut().zip(b).for_each(|(x, y)| *x += y);
     }
-    let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    scores.iter_mut().for_each(|x| {
-        *x = (*x - max).exp();
-        sum += *x;
-    });
-    for (j, p) in scores.iter().enumerate() {
-        let w = p / sum;
-        o.iter_mut().zip(value(j)).for_each(|(a, b)| *a += w * b);
+    let sum = exp_shifted_sum(scores, row_max(scores));
+    // The weighted values summed in registers, VALUE_COLS columns at a time: summed in `o`
+    // itself, each key's sum waited for the store of the one before.
+    for (c, oc) in o.chunks_mut(VALUE_COLS).enumerate() {
+        let mut acc = [0f32; VALUE_COLS];
+        let at = c * VALUE_COLS;
+        if oc.len() == VALUE_COLS {
+            for (j, p) in scores.iter().enumerate() {
+                let (w, v) = (p / sum, &value(j)[at..at + VALUE_COLS]);
+                acc.iter_mut().zip(v).for_each(|(a, b)| *a += w * b);
+            }
+        } else {
+            for (j, p) in scores.iter().enumerate() {
+                let (w, v) = (p / sum, &value(j)[at..at + oc.len()]);
+                acc.iter_mut().zip(v).for_each(|(a, b)| *a += w * b);
+            }
+        }
+        oc.copy_from_slice(&acc[..oc.len()]);
     }
 }
+
+/// Columns of a row's output that [`attend_row`] sums in registers at a time (a head of 64,
+/// the usual size, in one pass).
+const VALUE_COLS: usize = 64;
+
+/// Keys whose scores [`attend_row`] keeps on the stack (longer rows take the heap).
+const STACK_KEYS: usize = 256;
 
 /// Single-query attention for incremental decoding on the CPU, over keys/values kept one
 /// tensor per step: q (B, H, 1, d) already scaled; `steps[j]` = (k, v), each (B_j, H, 1, d).
