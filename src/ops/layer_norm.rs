@@ -15,10 +15,16 @@ pub(crate) struct LayerNormGrad {
     eps: f32,
 }
 
+/// Mean and 1/√(variance + eps) of a row, each sum in `LANES` partial sums: a left-to-right
+/// sum cannot be vectorised, and two of them per row were most of a decoding step's layer norms.
+#[inline(always)]
 pub(crate) fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
     let n = x.len() as f32;
-    let mean = x.iter().sum::<f32>() / n;
-    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let mean = row_sum(x) / n;
+    let var = lanes_fold(x, 0.0, |a, v| a + (v - mean) * (v - mean))
+        .into_iter()
+        .sum::<f32>()
+        / n;
     (mean, 1.0 / (var + eps).sqrt())
 }
 
