@@ -75,15 +75,19 @@ impl HostLogits {
     }
 }
 
-/// Index of the largest entry of `row`, the first one on ties.
+/// Index of the largest entry of `row`, the first one on ties (0 when no entry is above −∞):
+/// the maximum in vectorised partial maxima, then the first entry equal to it.
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = (f32::NEG_INFINITY, 0usize);
-    for (i, &x) in row.iter().enumerate() {
-        if x > best.0 {
-            best = (x, i);
-        }
-    }
-    best.1 as u32
+    ops::wide(
+        #[inline(always)]
+        || {
+            let max = row_max(row);
+            if max == f32::NEG_INFINITY {
+                return 0;
+            }
+            row.iter().position(|&x| x == max).unwrap_or(0) as u32
+        },
+    )
 }
 
 /// Per row of `logits` (rows of length `v`), the max and log Σ e^(x − max): the
