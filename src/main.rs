@@ -7,12 +7,15 @@ use nmt::runtime::{keep_freed_memory, on_worker, one_candle_pool_thread};
 
 fn main() {
     let cli = Cli::parse();
-    // Tensor work frees and reallocates the same large blocks: one arena that keeps them.
+    // Tensor work frees and reallocates the same large blocks: keep them, in one arena.
     // Text work (tokenizer training, preparing a corpus) allocates small strings on every
     // thread, and one arena's lock serialised it (tokenizer training 1.5 s against 0.77 s
-    // with glibc's per-thread arenas; training is 1–4 % slower with those).
-    if !matches!(cli.command, Command::Tokenize(_) | Command::Prepare(_)) {
-        keep_freed_memory();
+    // with glibc's per-thread arenas; training is 1–4 % slower with those); so did the
+    // server's HTTP threads beside its decoding workers.
+    match cli.command {
+        Command::Tokenize(_) | Command::Prepare(_) => {}
+        Command::Serve(_) => keep_freed_memory(false),
+        _ => keep_freed_memory(true),
     }
     one_candle_pool_thread();
     let result = match cli.command {
