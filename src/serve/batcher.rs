@@ -63,8 +63,8 @@ struct Shared {
     queue: Mutex<mpsc::Receiver<Job>>,
     policy: BatchPolicy,
     metrics: Arc<Metrics>,
-    /// Workers decoding now.
-    decoding: AtomicUsize,
+    /// Workers with sentences to decode (in their search or waiting to join it).
+    busy: AtomicUsize,
 }
 
 impl Batcher {
@@ -82,7 +82,7 @@ impl Batcher {
             queue: Mutex::new(queue),
             policy,
             metrics,
-            decoding: AtomicUsize::new(0),
+            busy: AtomicUsize::new(0),
         });
         let pools = crate::runtime::worker_pools(workers)?;
         let handles = (0..workers)
@@ -133,6 +133,8 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
     // Waiting for company pays only when requests come together: after a batch of one
     // request, the next is decoded as soon as it arrives (with whatever is queued by then).
     let mut together = false;
+    // Whether this worker counts in `shared.busy`.
+    let mut busy = false;
     loop {
         let running = search.as_ref().is_some_and(|s| !s.is_empty());
         let mut batch: Vec<Encoded> = Vec::new();
@@ -148,6 +150,10 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
                 batch.extend(encode(model, job));
             }
         } else {
+            if busy {
+                busy = false;
+                shared.busy.fetch_sub(1, Ordering::SeqCst);
+            }
             let queue = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
             let Ok(first) = queue.recv() else { return };
             let wait = if together {
@@ -196,7 +202,21 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
             tokens += token_count(&e);
             joining.push(e);
         }
-        let alone = shared.decoding.fetch_add(1, Ordering::SeqCst) == 0;
+        // A worker is busy from its first sentence until its search and its waiting jobs
+        // are empty; one that is alone in that decodes on all the cores.
+        let has_work = !gathered.is_empty()
+            || !joining.is_empty()
+            || !waiting.is_empty()
+            || search.as_ref().is_some_and(|s| !s.is_empty());
+        if has_work != busy {
+            busy = has_work;
+            if busy {
+                shared.busy.fetch_add(1, Ordering::SeqCst);
+            } else {
+                shared.busy.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let alone = shared.busy.load(Ordering::SeqCst) <= 1;
         let run = |f: &mut (dyn FnMut() + Send)| {
             if alone {
                 crate::runtime::on_worker(f);
@@ -218,7 +238,6 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
         if let Some(s) = search.as_mut().filter(|s| !s.is_empty()) {
             run(&mut || step(s, &mut open, &shared.metrics));
         }
-        shared.decoding.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
