@@ -5,6 +5,7 @@
 
 use super::{host_logits, log_normalisers, pad_batch};
 use crate::model::{Dropout, Seq2Seq};
+use crate::ops;
 use anyhow::Result;
 use candle_core::Tensor;
 use rayon::prelude::*;
@@ -198,6 +199,9 @@ pub fn beam_search(
         .collect())
 }
 
+/// Logits [`top_candidates`] tests against its bound at once.
+const BLOCK: usize = 64;
+
 /// The best `want` continuations (score, beam, token) of one sentence, best first, over its
 /// rows of logits (one per running beam, × V) with their log-normalisers and the running
 /// beams' scores. A token's
@@ -226,22 +230,34 @@ fn top_candidates(
             (gap as f32) + max + log_sum - (1e-3 + 1e-6 * gap.abs() as f32)
         };
         let mut bound = bound_of(&top);
-        for (tok, &x) in row.iter().enumerate() {
-            if x < bound {
+        // Blocks of BLOCK logits all under the bound are passed over with one vectorised
+        // comparison; the others are scanned in order, as before.
+        for (c, block) in row.chunks(BLOCK).enumerate() {
+            let below = ops::wide(
+                #[inline(always)]
+                || block.iter().fold(true, |all, &x| all & (x < bound)),
+            );
+            if below {
                 continue;
             }
-            let lp = match (at_limit, tok as u32 == eos) {
-                (true, true) => 0.0,
-                (true, false) => f64::NEG_INFINITY,
-                (false, _) => ((x - max) - log_sum) as f64,
-            };
-            let score = beam_score + lp;
-            if top.len() < want || score > top.last().unwrap().0 {
-                let pos = top.partition_point(|t| t.0 >= score);
-                top.insert(pos, (score, b, tok as u32));
-                top.truncate(want);
-                if !at_limit {
-                    bound = bound_of(&top);
+            for (i, &x) in block.iter().enumerate() {
+                if x < bound {
+                    continue;
+                }
+                let tok = c * BLOCK + i;
+                let lp = match (at_limit, tok as u32 == eos) {
+                    (true, true) => 0.0,
+                    (true, false) => f64::NEG_INFINITY,
+                    (false, _) => ((x - max) - log_sum) as f64,
+                };
+                let score = beam_score + lp;
+                if top.len() < want || score > top.last().unwrap().0 {
+                    let pos = top.partition_point(|t| t.0 >= score);
+                    top.insert(pos, (score, b, tok as u32));
+                    top.truncate(want);
+                    if !at_limit {
+                        bound = bound_of(&top);
+                    }
                 }
             }
         }
