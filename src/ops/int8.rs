@@ -158,11 +158,7 @@ impl Int8Linear {
             y_stride: self.n_out,
             cols: PANEL.min(self.n_out - p * PANEL),
             relu,
-            next: if (p + 1) * PANEL < self.n_out {
-                self.weights.as_ptr().add((p + 1) * k4 * PANEL * 4)
-            } else {
-                std::ptr::null()
-            },
+            next: panels::next_panel(&self.weights, p, k4 * PANEL * 4, self.n_out),
         }
     }
 

@@ -143,11 +143,7 @@ impl Packed {
             y_stride: self.n_out,
             cols: PANEL.min(self.n_out - p * PANEL),
             relu,
-            next: if (p + 1) * PANEL < self.n_out {
-                self.panels.as_ptr().add((p + 1) * self.k * PANEL)
-            } else {
-                std::ptr::null()
-            },
+            next: panels::next_panel(&self.panels, p, self.k * PANEL, self.n_out),
         };
         if self.avx512 {
             by_tiles!(rows, tile, |r0| tile_at(r0));

@@ -187,7 +187,9 @@ pub(crate) fn attend_row<'a>(
     }
     let sum = exp_shifted_sum(scores, row_max(scores));
     // The weighted values summed in registers, VALUE_COLS columns at a time: summed in `o`
-    // itself, each key's sum waited for the store of the one before.
+    // itself, each key's sum waited for the store of the one before. A whole chunk takes the
+    // fixed-length loop, which the compiler keeps in registers; only a last, shorter chunk
+    // does not.
     for (c, oc) in o.chunks_mut(VALUE_COLS).enumerate() {
         let mut acc = [0f32; VALUE_COLS];
         let at = c * VALUE_COLS;

@@ -118,6 +118,20 @@ struct Encoded {
     sources: Vec<Option<Vec<u32>>>,
 }
 
+impl Shared {
+    /// Counts a worker in `busy` or not, as `now` says; `counted` is whether it is.
+    fn mark_busy(&self, counted: &mut bool, now: bool) {
+        if *counted != now {
+            *counted = now;
+            if now {
+                self.busy.fetch_add(1, Ordering::SeqCst);
+            } else {
+                self.busy.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
 /// A worker's loop: gather, decode, answer; returns when every handle is gone and the queue
 /// is empty. Greedy requests join one running search between its steps and are answered as
 /// soon as their last sentence ends (continuous batching: a short sentence does not wait for
@@ -150,10 +164,7 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
                 batch.extend(encode(model, job));
             }
         } else {
-            if busy {
-                busy = false;
-                shared.busy.fetch_sub(1, Ordering::SeqCst);
-            }
+            shared.mark_busy(&mut busy, false);
             let queue = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
             let Ok(first) = queue.recv() else { return };
             let wait = if together {
@@ -208,14 +219,7 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
             || !joining.is_empty()
             || !waiting.is_empty()
             || search.as_ref().is_some_and(|s| !s.is_empty());
-        if has_work != busy {
-            busy = has_work;
-            if busy {
-                shared.busy.fetch_add(1, Ordering::SeqCst);
-            } else {
-                shared.busy.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
+        shared.mark_busy(&mut busy, has_work);
         let alone = shared.busy.load(Ordering::SeqCst) <= 1;
         let run = |f: &mut (dyn FnMut() + Send)| {
             if alone {

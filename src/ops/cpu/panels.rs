@@ -39,6 +39,16 @@ pub(crate) fn pack<T: Copy + Default + Send + Sync>(
     panels
 }
 
+/// The start of panel `p + 1` of `panels` (each `panel_len` long, covering `n_out` outputs),
+/// or null after the last: what a kernel fetches into L2 while it multiplies panel `p`.
+pub(crate) fn next_panel<T>(panels: &[T], p: usize, panel_len: usize, n_out: usize) -> *const T {
+    if (p + 1) * PANEL < n_out {
+        panels[(p + 1) * panel_len..].as_ptr()
+    } else {
+        std::ptr::null()
+    }
+}
+
 /// Runs `f(i)` for every block `i < n`, in parallel when the product (`work` multiply-adds)
 /// is worth a hand-off. Blocks write disjoint columns of the output.
 pub(crate) fn for_each_block(n: usize, work: usize, f: impl Fn(usize) + Sync + Send) {
