@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# nmt serve under load, on loopback: clients (scripts/serve-load.py, one keep-alive connection
-# each) send single sentences of test_2016_flickr.de concurrently, 1, 8, 32 and 128 of them;
+# nmt serve under load, on loopback: clients (examples/serve_load.rs: one keep-alive connection
+# each, all on one thread, so that the load takes little of the CPU it shares with the server)
+# send single sentences of test_2016_flickr.de concurrently, 1, 8, 32 and 128 of them;
 # prints sentences/s and p50/p99 latency per level next to `nmt translate`'s offline
 # throughput (batch 64) and its single-sentence decode time on the same lines and model (each
 # round runs the offline translation once and every level once, and each side counts its best
@@ -23,8 +24,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 data=$("$root/scripts/find-multi30k.sh" "$data")
-cd "$root"; cargo build --release --quiet
-nmt=$root/target/release/nmt
+cd "$root"; cargo build --release --quiet --bin nmt --example serve_load
+nmt=$root/target/release/nmt load=$root/target/release/examples/serve_load
 "$root/scripts/cpu-info.sh"
 work=$(mktemp -d)
 server=""
@@ -65,7 +66,7 @@ PY
 for r in $(seq "$rounds"); do
   run_s $nmt translate --model "$model" --batch-size 64 < "$work/src.de" >> "$work/batch.s"
   for c in 1 8 32 128; do
-    "$py" "$root/scripts/serve-load.py" "$url" "$work/src.de" --clients "$c" --seconds "$seconds" > "$work/load.$c.$r.json"
+    "$load" "$url" "$work/src.de" --clients "$c" --seconds "$seconds" > "$work/load.$c.$r.json"
   done
 done
 batch=$(best $(cat "$work/batch.s"))
@@ -89,7 +90,7 @@ PY
 done
 
 if [ "$soak" != 0 ]; then
-  "$py" "$root/scripts/serve-load.py" "$url" "$work/src.de" --clients 32 --seconds "$((soak * 60))" --pid "$server" > "$work/soak.json"
+  "$load" "$url" "$work/src.de" --clients 32 --seconds "$((soak * 60))" --pid "$server" > "$work/soak.json"
   "$py" - "$work/soak.json" "$soak" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); rss = [k / 1024 for k in r["rss_kb"]]
