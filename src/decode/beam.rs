@@ -3,8 +3,8 @@
 //! kept, and the same early-stopping heuristic (`early_stopping=False`), so that outputs equal
 //! transformers' token for token.
 
-use super::{host_logits, log_normalisers, pad_batch};
-use crate::model::{Dropout, Seq2Seq};
+use super::{host_logits, log_normalisers, start};
+use crate::model::Seq2Seq;
 use crate::ops;
 use anyhow::Result;
 use candle_core::Tensor;
@@ -65,9 +65,6 @@ pub fn beam_search(
     }
     let v = cfg.vocab_size;
     let eos = cfg.eos_token_id;
-    let src = pad_batch(model, srcs)?;
-    let src_bias = model.padding_bias(&src)?;
-    let memory = model.encode(&src, &src_bias, &Dropout::off())?;
     let max_lens: Vec<usize> = max_lens
         .iter()
         .map(|&m| m.clamp(1, cfg.max_position_embeddings))
@@ -80,8 +77,9 @@ pub fn beam_search(
     } else {
         k
     };
-    // Rows are sentence-major: sentence i owns rows i*width..(i+1)*width.
-    let mut cache = model.start_decoding(&memory, &src_bias, width)?;
+    // Rows are sentence-major: the sentence in slot j of `active` owns rows
+    // j*width..(j+1)*width.
+    let (mut cache, mut active) = start(model, srcs, width)?;
     let pad = cfg.pad_token_id as usize;
     let mut sents: Vec<Sentence> = (0..n)
         .map(|i| Sentence {
@@ -93,7 +91,6 @@ pub fn beam_search(
             done: false,
         })
         .collect();
-    let mut active: Vec<usize> = (0..n).collect();
     let mut tokens = Tensor::full(cfg.decoder_start_token_id, (n * width, 1), model.device())?;
     // cur_len counts the start token, as in transformers.
     let mut cur_len = 1;

@@ -365,6 +365,12 @@ impl Seq2Seq {
         self.shared.dtype()
     }
 
+    /// Whether decodings started apart can join one search ([`DecoderCache::join`]): where
+    /// the step kernels run (the CPU, in f32), as [`Self::start_decoding`] lays them out.
+    pub fn decodings_join(&self) -> bool {
+        ops::step_attention::step_kernels(&self.shared)
+    }
+
     /// Scaled token embeddings plus positions `offset..offset+T`: (B, T) ids → (B, T, d).
     fn embed(&self, ids: &Tensor, offset: usize, drop: &Dropout) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
