@@ -31,8 +31,16 @@ pub(crate) fn pack<T: Copy + Default + Send + Sync>(
         .for_each(|(p, panel)| {
             for j in 0..PANEL.min(n_out - p * PANEL) {
                 let row = &rows[(p * PANEL + j) * k..(p * PANEL + j + 1) * k];
-                for (kk, &v) in row.iter().enumerate() {
-                    panel[(kk / group) * PANEL * group + j * group + kk % group] = v;
+                // Input group g of output j lands at [g][j][..].
+                if group == 1 {
+                    for (kk, &v) in row.iter().enumerate() {
+                        panel[kk * PANEL + j] = v;
+                    }
+                } else {
+                    for (g, inputs) in row.chunks(group).enumerate() {
+                        let at = g * PANEL * group + j * group;
+                        panel[at..at + inputs.len()].copy_from_slice(inputs);
+                    }
                 }
             }
         });
