@@ -186,6 +186,9 @@ pub(crate) fn attend_row<'a>(
         scores.iter_mut().zip(b).for_each(|(x, y)| *x += y);
     }
     let sum = exp_shifted_sum(scores, row_max(scores));
+    // The weights p / Σ, divided in one vectorised pass rather than one scalar division per
+    // key in the loop below (the same quotients).
+    scores.iter_mut().for_each(|p| *p /= sum);
     // The weighted values summed in registers, VALUE_COLS columns at a time: summed in `o`
     // itself, each key's sum waited for the store of the one before. A whole chunk takes the
     // fixed-length loop, which the compiler keeps in registers; only a last, shorter chunk
@@ -194,13 +197,13 @@ pub(crate) fn attend_row<'a>(
         let mut acc = [0f32; VALUE_COLS];
         let at = c * VALUE_COLS;
         if oc.len() == VALUE_COLS {
-            for (j, p) in scores.iter().enumerate() {
-                let (w, v) = (p / sum, &value(j)[at..at + VALUE_COLS]);
+            for (j, &w) in scores.iter().enumerate() {
+                let v = &value(j)[at..at + VALUE_COLS];
                 acc.iter_mut().zip(v).for_each(|(a, b)| *a += w * b);
             }
         } else {
-            for (j, p) in scores.iter().enumerate() {
-                let (w, v) = (p / sum, &value(j)[at..at + oc.len()]);
+            for (j, &w) in scores.iter().enumerate() {
+                let v = &value(j)[at..at + oc.len()];
                 acc.iter_mut().zip(v).for_each(|(a, b)| *a += w * b);
             }
         }
