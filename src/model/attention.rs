@@ -18,8 +18,8 @@ pub struct Attention {
     /// Self-attention with loaded weights: q, k and v projections stacked into one (3d, d)
     /// layer, packed once for the inference kernels, so that a decoding step makes one product
     /// (one parallel region) instead of three and the encoder stacks no weights per call.
-    /// The encoder's computes in f32 under `--compute-type int8` too (quantized, it cost the
-    /// demo model 0.4 BLEU in greedy search). Cross-attention and trainable weights have none.
+    /// The encoder's computes in bfloat16 under `--compute-type int8` (see `Seq2Seq::new`).
+    /// Cross-attention and trainable weights have none.
     pub(super) qkv_proj: Option<Linear>,
     pub(super) heads: usize,
     pub(super) head_dim: usize,

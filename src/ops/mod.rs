@@ -5,6 +5,7 @@
 //! The model calls these functions and never branches on device or dtype itself.
 
 pub mod attention;
+pub mod bf16;
 pub mod cpu;
 pub mod cross_entropy;
 #[cfg(feature = "cuda")]

@@ -9,8 +9,10 @@
 //! Elsewhere (no AVX2, other architectures) [`Packed::new`] returns `None` and callers use
 //! the general path. It owns only the packed copies: trainable weights, which change at every
 //! step, must not be packed (`Linear` packs only weights loaded from a file). With
-//! [`ComputeType::Int8`] the cell holds the layer quantized to int8 instead ([`super::int8`]).
+//! [`ComputeType::Int8`] the cell holds the layer quantized to int8 instead ([`super::int8`]),
+//! with [`ComputeType::Bf16`] rounded to bfloat16 ([`super::bf16`]).
 
+use super::bf16::Bf16Linear;
 use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
 use super::cpu::{has_avx2, has_avx512, OutPtr};
 use super::int8::{self, Int8Linear};
@@ -26,6 +28,10 @@ pub enum ComputeType {
     Float32,
     /// Weights and inputs quantized to int8 ([`super::int8`]); CPU only.
     Int8,
+    /// Weights and inputs rounded to bfloat16, products summed in f32 ([`super::bf16`]): not a
+    /// `--compute-type` of its own, but how an int8 model computes its encoder's
+    /// self-attention projections; CPU only.
+    Bf16,
 }
 
 /// A loaded layer's packed weights, made on its first use where the kernel runs.
@@ -39,6 +45,7 @@ pub struct PackedCell {
 enum Kernel {
     F32(Packed),
     Int8(Int8Linear),
+    Bf16(Bf16Linear),
 }
 
 impl PackedCell {
@@ -65,6 +72,7 @@ impl PackedCell {
         if self.packed.get().is_none() {
             let kernel = match self.compute {
                 ComputeType::Float32 => Packed::new(weight, bias, has_avx512())?.map(Kernel::F32),
+                ComputeType::Bf16 => Bf16Linear::new(weight, bias, true)?.map(Kernel::Bf16),
                 ComputeType::Int8 => Some(Kernel::Int8(Int8Linear::new(
                     weight,
                     bias,
@@ -81,6 +89,7 @@ impl PackedCell {
         let (y, n_out) = match kernel {
             Kernel::F32(p) => (p.forward(&x2, relu)?, p.n_out),
             Kernel::Int8(q) => (q.forward(&x2, relu)?, q.shape().1),
+            Kernel::Bf16(h) => (h.forward(&x2, relu)?, h.shape().1),
         };
         *dims
             .last_mut()
