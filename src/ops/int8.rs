@@ -90,7 +90,11 @@ fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
     }
     let inv = 127.0 / amax;
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = ((v * inv + ROUND) - ROUND).clamp(-127.0, 127.0) as i8;
+        let r = ((v * inv + ROUND) - ROUND).clamp(-127.0, 127.0);
+        // The integer from the bits of r + 1.5 · 2²³ (exact; its unit is one ulp), which
+        // vectorises where `r as i8`, a saturating conversion, took scalar code per value.
+        let n = (r + ROUND).to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+        *q = if r.is_nan() { 0 } else { n as i8 };
     }
     q[x.len()..].fill(0);
     amax / 127.0

@@ -136,7 +136,8 @@ fn exp_with(x: f32, madd: impl Fn(f32, f32, f32) -> f32) -> f32 {
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
     let underflow = x < -87.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = madd(x, LOG2E, ROUND) - ROUND;
+    let t = madd(x, LOG2E, ROUND);
+    let n = t - ROUND;
     let r = madd(n, 2.121_944_4e-4, madd(n, -0.693_359_4, x));
     let z = r * r;
     let mut p = 1.987_569_2e-4;
@@ -144,7 +145,9 @@ fn exp_with(x: f32, madd: impl Fn(f32, f32, f32) -> f32) -> f32 {
         p = madd(p, r, c);
     }
     let p = madd(p, z, r) + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from the bits of t = 1.5 · 2^23 + n, whose unit is one ulp: integer arithmetic,
+    // which vectorises, where `n as i32` (a saturating conversion) took scalar code per lane.
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     let y = p * scale;
     if underflow {
         0.0
