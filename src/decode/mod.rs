@@ -119,7 +119,9 @@ impl HostLogits {
 }
 
 /// Index of the largest entry of `row`, the first one on ties (0 when no entry is above −∞):
-/// the maximum in vectorised partial maxima, then the first entry equal to it.
+/// the maximum in vectorised partial maxima, then the first entry equal to it, found by
+/// comparing whole vectors of entries before searching the one that holds it (a search entry
+/// by entry does not vectorise: it stops at the first match).
 pub fn argmax(row: &[f32]) -> u32 {
     ops::wide(
         #[inline(always)]
@@ -128,7 +130,13 @@ pub fn argmax(row: &[f32]) -> u32 {
             if max == f32::NEG_INFINITY {
                 return 0;
             }
-            row.iter().position(|&x| x == max).unwrap_or(0) as u32
+            const LANES: usize = 16;
+            let holds = |c: &[f32]| c.iter().fold(false, |found, &x| found | (x == max));
+            let Some(block) = row.chunks(LANES).position(holds) else {
+                return 0;
+            };
+            let at = row[block * LANES..].iter().position(|&x| x == max);
+            (block * LANES + at.unwrap_or(0)) as u32
         },
     )
 }
@@ -345,6 +353,26 @@ pub fn max_len(model: &Seq2Seq, src_len: usize, a: f64, b: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_is_the_first_largest_entry() {
+        let first = |row: &[f32]| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter()
+                .position(|&x| x == max && max > f32::NEG_INFINITY)
+                .unwrap_or(0) as u32
+        };
+        let mut rng = crate::rng::Rng::new(7);
+        for len in [1, 5, 16, 17, 40, 8000] {
+            for _ in 0..20 {
+                // Few distinct values: ties everywhere, the first of them wins.
+                let row: Vec<f32> = (0..len).map(|_| (rng.below(5) as f32) - 2.0).collect();
+                assert_eq!(argmax(&row), first(&row), "{row:?}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 20]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, 1.0, 1.0]), 2);
+    }
 
     #[test]
     fn length_groups_hold_every_sentence_once_one_length_each_shortest_first() {
