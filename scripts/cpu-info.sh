@@ -12,4 +12,8 @@ simd=""
 for f in sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx_vnni amx_tile amx_int8 amx_bf16; do
   case " $flags " in *" $f "*) simd="$simd $f" ;; esac
 done
-echo "cpu: $model (family $family model $number); $(nproc) cores; simd:$simd"
+caps=""
+for v in NMT_CPU_ISA CT2_FORCE_CPU_ISA; do
+  [ -n "${!v:-}" ] && caps="$caps $v=${!v}"
+done
+echo "cpu: $model (family $family model $number); $(nproc) cores; simd:$simd${caps:+; kernels capped:$caps}"

@@ -7,6 +7,10 @@ use nmt::runtime::{keep_freed_memory, on_worker, one_candle_pool_thread};
 
 fn main() {
     let cli = Cli::parse();
+    if let Err(e) = nmt::ops::cpu::Isa::cap_from_env() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     // Tensor work frees and reallocates the same large blocks: keep them, in one arena.
     // Text work (tokenizer training, preparing a corpus) allocates small strings on every
     // thread, and one arena's lock serialised it (tokenizer training 1.5 s against 0.77 s

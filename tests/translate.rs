@@ -453,6 +453,54 @@ fn int8_translations_are_stable_and_close_to_float32() {
     assert!(same.iter().any(|(a, b)| a.1 != b.1));
 }
 
+/// `NMT_CPU_ISA=avx2` runs the AVX2 kernels on an AVX-512 CPU, and they give the AVX-512
+/// kernels' bits: the same translations and scores, float32 and int8, greedy and beam 5. An
+/// invalid value is refused.
+#[test]
+fn the_avx2_kernels_translate_as_the_avx512_ones() {
+    #[cfg(target_arch = "x86_64")]
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("compared AVX2 with AVX2 only: this CPU has no AVX-512");
+    }
+    let model = toy();
+    let sources = std::fs::read(model.join("sources.txt")).unwrap();
+    for ct in ["float32", "int8"] {
+        for beam in ["1", "5"] {
+            let args = [
+                "translate",
+                "--model",
+                s(&model),
+                "--beam",
+                beam,
+                "--scores",
+                "--compute-type",
+                ct,
+            ];
+            let run = |isa: &str| {
+                let out = common::nmt_env(&args, &sources, &[("NMT_CPU_ISA", isa)]);
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                out.stdout
+            };
+            assert_eq!(run("avx2"), run(""), "{ct}, beam {beam}");
+        }
+    }
+    let out = common::nmt_env(
+        &["translate", "--model", s(&model)],
+        b"1\n",
+        &[("NMT_CPU_ISA", "avx1024")],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("NMT_CPU_ISA=avx1024: expected baseline, avx2 or avx512"),
+        "{err}"
+    );
+}
+
 /// Lines from a file or pipe are translated in whole windows, however they arrive: input
 /// that pauses half way gives byte for byte what the same input at once gives, and nothing is
 /// written before the window is full or the input ends. (Sentences batched together share

@@ -5,32 +5,68 @@
 pub mod matmul;
 pub(crate) mod panels;
 
-/// Whether this CPU has AVX-512 F, DQ, BW and VL (every AVX-512 CPU since Skylake-SP and
-/// Zen 4; detected once, the standard library caches it).
-pub(crate) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// The instruction sets nmt's kernels choose between, narrowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// The x86-64 baseline (or another architecture): portable loops.
+    Baseline,
+    Avx2,
+    /// AVX-512, with VNNI and BF16 where the CPU has them.
+    Avx512,
+}
+
+impl Isa {
+    /// The cap that `NMT_CPU_ISA` (`baseline`, `avx2` or `avx512`) puts on the instruction
+    /// sets the kernels use, as CTranslate2's `CT2_FORCE_CPU_ISA` does: to run or measure the
+    /// narrower kernels on a wider CPU. `None` when unset or empty; the kernels never use
+    /// more than the CPU has.
+    pub fn cap_from_env() -> Result<Option<Isa>, String> {
+        let Some(v) = std::env::var_os("NMT_CPU_ISA").filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        match v.to_string_lossy().to_ascii_lowercase().as_str() {
+            "baseline" => Ok(Some(Isa::Baseline)),
+            "avx2" => Ok(Some(Isa::Avx2)),
+            "avx512" => Ok(Some(Isa::Avx512)),
+            other => Err(format!(
+                "NMT_CPU_ISA={other}: expected baseline, avx2 or avx512"
+            )),
+        }
     }
 }
 
-/// Whether this CPU has AVX2 and FMA (every x86-64 CPU since Haswell and Zen 1).
+/// What the kernels may use: this CPU's features under the `NMT_CPU_ISA` cap, detected once
+/// (an invalid cap counts as none here; the binary refuses it before any kernel runs).
+fn features() -> (bool, bool) {
+    static FEATURES: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    *FEATURES.get_or_init(|| {
+        let cap = Isa::cap_from_env().ok().flatten().unwrap_or(Isa::Avx512);
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma");
+            let avx512 =
+                has!("avx512f") && has!("avx512dq") && has!("avx512bw") && has!("avx512vl");
+            (avx2 && cap >= Isa::Avx2, avx512 && cap >= Isa::Avx512)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = cap;
+            (false, false)
+        }
+    })
+}
+
+/// Whether the kernels may use AVX-512 F, DQ, BW and VL (every AVX-512 CPU since
+/// Skylake-SP and Zen 4), unless `NMT_CPU_ISA` caps them lower.
+pub(crate) fn has_avx512() -> bool {
+    features().1
+}
+
+/// Whether the kernels may use AVX2 and FMA (every x86-64 CPU since Haswell and Zen 1),
+/// unless `NMT_CPU_ISA=baseline`.
 pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    features().0
 }
 
 /// Runs `f` inside a function compiled for AVX-512 where the CPU has it, else for AVX2, so
