@@ -9,6 +9,8 @@
 # equals each peer's and its int8 output its float32 output.
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-translate.sh HF_MODEL_DIR [--data DIR] [--lines N] [--rounds R]
 # HF_MODEL_DIR: an HF Marian folder, e.g. the hf/ output of ../shared/peers/torch_marian_ref.py.
+# With NMT_CPU_ISA=avx2, nmt runs its AVX2 kernels and CTranslate2 is capped at AVX2 too: an
+# AVX2-only CPU's comparison, taken on a wider one.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PEERS_PYTHON:-/tmp/peers/bin/python}
@@ -23,12 +25,18 @@ done
 data=$("$root/scripts/find-multi30k.sh" "$data")
 cd "$root"; cargo build --release --quiet
 nmt=$root/target/release/nmt
-"$root/scripts/cpu-info.sh"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 zcat -f "$data/test_2016_flickr.de.gz" > "$work/all.de"
 head -n "$lines" "$work/all.de" > "$work/src.de"
 zcat -f "$data/test_2016_flickr.en.gz" | head -n "$lines" > "$work/ref.en"
 export OMP_NUM_THREADS=2 RAYON_NUM_THREADS=2
+# NMT_CPU_ISA=avx2 (nmt's AVX2 kernels on a wider CPU) caps CTranslate2 alike: its own
+# kernels, and the oneDNN and MKL products it calls, which read caps of their own.
+if [ "${NMT_CPU_ISA:-}" = avx2 ]; then
+  export CT2_FORCE_CPU_ISA=${CT2_FORCE_CPU_ISA:-AVX2} ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2}
+  export MKL_ENABLE_INSTRUCTIONS=${MKL_ENABLE_INSTRUCTIONS:-AVX2}
+fi
+"$root/scripts/cpu-info.sh"
 peer() { "$py" "$root/scripts/decode-peers.py" "$model" "$work/src.de" "$work" --engine "$1" --threads 2 --batch 64 --max-new-tokens 128 "${@:2}" 2>/dev/null | tail -1; }
 # nmt's time includes starting the process and loading the model, the peers' only decoding;
 # nmt's start-up (best of 3 runs translating one word) is also measured, and subtracted for

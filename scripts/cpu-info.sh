@@ -13,7 +13,7 @@ for f in sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 a
   case " $flags " in *" $f "*) simd="$simd $f" ;; esac
 done
 caps=""
-for v in NMT_CPU_ISA CT2_FORCE_CPU_ISA; do
+for v in NMT_CPU_ISA CT2_FORCE_CPU_ISA ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS; do
   [ -n "${!v:-}" ] && caps="$caps $v=${!v}"
 done
 echo "cpu: $model (family $family model $number); $(nproc) cores; simd:$simd${caps:+; kernels capped:$caps}"
