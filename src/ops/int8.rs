@@ -207,11 +207,8 @@ impl RowKernel for Int8Linear {
         };
         let mut xq = vec![0i8; rows * stride];
         let mut xs = vec![0f32; rows];
-        quantize_rows(x, self.k, &mut xq, &mut xs);
-        if self.kernel == Kernel::Vnni {
-            // The VNNI kernel reads inputs as unsigned bytes: flipping the sign bit adds 128.
-            xq.iter_mut().for_each(|v| *v ^= i8::MIN);
-        }
+        // The VNNI kernel reads inputs as unsigned bytes: flipping the sign bit adds 128.
+        quantize_rows(x, self.k, &mut xq, &mut xs, self.kernel == Kernel::Vnni);
         let q = Quantized {
             x: &xq,
             scales: &xs,
@@ -269,7 +266,8 @@ use widest;
 /// Quantizes each row of `x` (rows of `k`) into a row of `q`, its scale into `scales`: blocks
 /// of rows in parallel, each row in AVX-512 where the CPU has it, else the plain loop compiled
 /// for the widest vectors there are (the same values either way).
-fn quantize_rows(x: &[f32], k: usize, q: &mut [i8], scales: &mut [f32]) {
+/// With `flip`, each value's sign bit flipped (+128 as an unsigned byte), in the same pass.
+fn quantize_rows(x: &[f32], k: usize, q: &mut [i8], scales: &mut [f32], flip: bool) {
     let (k, stride) = (k.max(1), (q.len() / scales.len().max(1)).max(1));
     let rows = super::rows_per_task(k);
     q.par_chunks_mut(stride * rows)
@@ -279,10 +277,13 @@ fn quantize_rows(x: &[f32], k: usize, q: &mut [i8], scales: &mut [f32]) {
             #[cfg(target_arch = "x86_64")]
             if super::cpu::has_avx512() {
                 // SAFETY: the CPU has AVX-512; each q row holds at least its x row's values.
-                let row = |x: &[f32], q: &mut [i8]| unsafe { quantize_row_avx512(x, q) };
+                let row = |x: &[f32], q: &mut [i8]| unsafe { quantize_row_avx512(x, q, flip) };
                 return quantize_block(x, k, q, stride, scales, row);
             }
             widest!(quantize_block(x, k, q, stride, scales, quantize_row));
+            if flip {
+                q.iter_mut().for_each(|v| *v ^= i8::MIN);
+            }
         });
 }
 
@@ -302,10 +303,11 @@ fn quantize_block(
 }
 
 /// [`quantize_row`] in AVX-512: the same values (conversion rounds to nearest even in the
-/// default rounding mode; the values are within ±127 already, so saturation changes none).
+/// default rounding mode; the values are within ±127 already, so saturation changes none),
+/// with `flip` each with its sign bit flipped as it is stored.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8]) -> f32 {
+unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8], flip: bool) -> f32 {
     use std::arch::x86_64::*;
     let n = x.len();
     let tail = |i: usize| -> __mmask16 { ((1u32 << (n - i).min(16)) - 1) as __mmask16 };
@@ -317,19 +319,28 @@ unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8]) -> f32 {
         i += 16;
     }
     let amax = _mm512_reduce_max_ps(m);
+    let (zero, sign) = if flip {
+        (i8::MIN, _mm_set1_epi8(i8::MIN))
+    } else {
+        (0, _mm_setzero_si128())
+    };
     if amax == 0.0 || !amax.is_finite() {
-        q.fill(0);
+        q.fill(zero);
         return if amax == 0.0 { 1.0 } else { amax };
     }
     let inv = _mm512_set1_ps(127.0 / amax);
     let mut i = 0;
     while i < n {
         let v = _mm512_maskz_loadu_ps(tail(i), x.as_ptr().add(i));
-        let r = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
-        _mm512_mask_cvtsepi32_storeu_epi8(q.as_mut_ptr().add(i).cast(), tail(i), r);
+        let r = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)));
+        _mm_mask_storeu_epi8(
+            q.as_mut_ptr().add(i).cast(),
+            tail(i),
+            _mm_xor_si128(r, sign),
+        );
         i += 16;
     }
-    q[n..].fill(0);
+    q[n..].fill(zero);
     amax / 127.0
 }
 
@@ -585,7 +596,12 @@ mod tests {
                 let (mut a, mut b) = (vec![1i8; n + pad], vec![1i8; n + pad]);
                 let sa = quantize_row(&x, &mut a);
                 // SAFETY: the CPU has AVX-512; b holds n + pad values.
-                let sb = unsafe { quantize_row_avx512(&x, &mut b) };
+                let sb = unsafe { quantize_row_avx512(&x, &mut b, false) };
+                let mut c = vec![1i8; n + pad];
+                // SAFETY: as above.
+                let sc = unsafe { quantize_row_avx512(&x, &mut c, true) };
+                let flipped: Vec<i8> = c.iter().map(|v| v ^ i8::MIN).collect();
+                assert_eq!((sc, &flipped), (sa, &a), "{n} values, flipped");
                 assert_eq!((sa, &a), (sb, &b), "{n} values");
             }
             return;
