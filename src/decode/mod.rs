@@ -130,7 +130,7 @@ pub fn argmax(row: &[f32]) -> u32 {
             if max == f32::NEG_INFINITY {
                 return 0;
             }
-            const LANES: usize = 16;
+            use crate::ops::cpu::LANES;
             let holds = |c: &[f32]| c.iter().fold(false, |found, &x| found | (x == max));
             let Some(block) = row.chunks(LANES).position(holds) else {
                 return 0;

@@ -478,15 +478,7 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
-
-    fn randn(shape: (usize, usize), seed: u64) -> Tensor {
-        let mut rng = crate::rng::Rng::new(seed);
-        let v: Vec<f32> = (0..shape.0 * shape.1)
-            .map(|_| crate::model::weights::normal(&mut rng) as f32)
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
+    use crate::ops::tests::randn;
 
     /// The int8 product against the exact one, computed in f64, within the bound that
     /// per-row quantization guarantees: rounding moves each x by at most sₓ/2 and each w by
@@ -494,9 +486,9 @@ mod tests {
     #[test]
     fn int8_product_is_within_the_quantization_bound_of_the_exact_product() {
         for &(rows, n_out, k) in &[(1, 5, 3), (7, 33, 16), (9, 64, 256), (21, 100, 41)] {
-            let x = randn((rows, k), 1);
-            let w = randn((n_out, k), 2);
-            let b = randn((1, n_out), 3);
+            let x = randn(&[rows, k], 1);
+            let w = randn(&[n_out, k], 2);
+            let b = randn(&[1, n_out], 3);
             let (xv, wv, bv) = (
                 x.to_vec2::<f32>().unwrap(),
                 w.to_vec2::<f32>().unwrap(),
@@ -555,9 +547,9 @@ mod tests {
             (3, 40, 7),
             (70, 1000, 256),
         ] {
-            let x = randn((rows, k), 4);
-            let w = randn((n_out, k), 5);
-            let b = randn((1, n_out), 6);
+            let x = randn(&[rows, k], 4);
+            let w = randn(&[n_out, k], 5);
+            let b = randn(&[1, n_out], 6);
             for relu in [false, true] {
                 let f = |kernel| {
                     Int8Linear::new(&w, &b, kernel)
@@ -591,7 +583,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if super::super::cpu::has_avx512() {
             for (n, pad) in [(1, 3), (16, 0), (37, 3), (256, 0)] {
-                let x = randn((1, n), n as u64).flatten_all().unwrap();
+                let x = randn(&[1, n], n as u64).flatten_all().unwrap();
                 let x = x.to_vec1::<f32>().unwrap();
                 let (mut a, mut b) = (vec![1i8; n + pad], vec![1i8; n + pad]);
                 let sa = quantize_row(&x, &mut a);

@@ -13,7 +13,8 @@ use super::*;
 use crate::rng::Rng;
 use candle_core::{Device, Var, D};
 
-fn randn(shape: &[usize], seed: u64) -> Tensor {
+/// A CPU f32 tensor of `shape` with standard normal values drawn from `seed`.
+pub(crate) fn randn(shape: &[usize], seed: u64) -> Tensor {
     let mut rng = crate::rng::Rng::new(seed);
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n)
