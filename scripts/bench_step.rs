@@ -12,7 +12,7 @@ use nmt::runtime::{keep_freed_memory, on_worker, one_candle_pool_thread};
 use std::time::Instant;
 
 fn main() -> Result<()> {
-    keep_freed_memory(true);
+    keep_freed_memory();
     one_candle_pool_thread();
     let steps = match std::env::args().nth(1) {
         Some(s) => s.parse()?,

@@ -11,15 +11,11 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-    // Tensor work frees and reallocates the same large blocks: keep them, in one arena.
-    // Text work (tokenizer training, preparing a corpus) allocates small strings on every
-    // thread, and one arena's lock serialised it (tokenizer training 1.5 s against 0.77 s
-    // with glibc's per-thread arenas; training is 1–4 % slower with those); so did the
-    // server's HTTP threads beside its decoding workers.
+    // Tensor work frees and reallocates the same large blocks: keep them. Text work
+    // (tokenizer training, preparing a corpus) allocates small strings and needs no more.
     match cli.command {
         Command::Tokenize(_) | Command::Prepare(_) => {}
-        Command::Serve(_) => keep_freed_memory(false),
-        _ => keep_freed_memory(true),
+        _ => keep_freed_memory(),
     }
     one_candle_pool_thread();
     let result = match cli.command {
