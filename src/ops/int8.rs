@@ -3,12 +3,14 @@
 //! input row is quantized when the layer runs, with its own scale; the products are summed
 //! exactly in i32 and scaled back to f32, and the bias is added.
 //!
-//! Three kernels give the same integers, so the same outputs bit for bit:
+//! Four kernels give the same integers, so the same outputs bit for bit:
 //! - AVX-512 VNNI (Ice Lake and later Xeons, Zen 4): `vpdpbusd` multiplies unsigned by signed
 //!   bytes four at a time into i32 lanes. Inputs are stored shifted by +128 (as unsigned
 //!   bytes) and the shift's share, 128 · Σₖ w, is subtracted per output. Weights are packed
 //!   once into panels of [`PANEL`] outputs × 4 inputs per 64-byte row pair, as the instruction
 //!   reads them, and [`panels::TILE_ROWS`] input rows are multiplied by one panel at a time.
+//! - AVX-VNNI (Intel cores since Alder Lake without AVX-512, Sierra Forest): the same
+//!   instruction on 256-bit registers, the same panels, three input rows at a time.
 //! - AVX2 (every x86-64 CPU since Haswell and Zen 1): the same panels, two input rows at a
 //!   time; `vpmaddubsw` multiplies |x| by w carrying x's sign (`vpsignb`), exact in i16 since
 //!   2 · 127 · 127 < 2¹⁵, and `vpmaddwd` sums the pairs into i32 lanes (intgemm's scheme).
@@ -36,6 +38,7 @@ pub(crate) fn has_vnni() -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     Vnni,
+    AvxVnni,
     Avx2,
     Portable,
 }
@@ -45,6 +48,8 @@ impl Kernel {
     pub fn best() -> Self {
         if has_vnni() {
             Self::Vnni
+        } else if super::cpu::has_avx_vnni() {
+            Self::AvxVnni
         } else if super::cpu::has_avx2() {
             Self::Avx2
         } else {
@@ -54,7 +59,12 @@ impl Kernel {
 
     /// Whether the kernel reads weights packed in panels (and inputs padded to 4 bytes).
     fn panelled(self) -> bool {
-        matches!(self, Self::Vnni | Self::Avx2)
+        self != Self::Portable
+    }
+
+    /// Whether the kernel reads inputs as unsigned bytes, shifted by +128 (`vpdpbusd`).
+    fn shifted(self) -> bool {
+        matches!(self, Self::Vnni | Self::AvxVnni)
     }
 }
 
@@ -63,11 +73,11 @@ pub struct Int8Linear {
     n_out: usize,
     k: usize,
     kernel: Kernel,
-    /// Vnni and Avx2: panel p holds outputs p·PANEL.. as `[k/4][PANEL][4]` (k padded to a
+    /// Panelled kernels: panel p holds outputs p·PANEL.. as `[k/4][PANEL][4]` (k padded to a
     /// multiple of 4, outputs past `n_out` zero). Portable: the rows `[n_out][k]`.
     weights: Vec<i8>,
     /// Per output: the weight scale and, for the panels, 128 · Σₖ w (zero-padded to whole
-    /// panels; the VNNI kernel's correction).
+    /// panels; the VNNI kernels' correction).
     scales: Vec<f32>,
     shift: Vec<i32>,
     bias: Vec<f32>,
@@ -119,7 +129,7 @@ impl Int8Linear {
         scales.truncate(n_out);
         let (weights, shift, padded) = match kernel {
             Kernel::Portable => (rows, Vec::new(), n_out),
-            Kernel::Vnni | Kernel::Avx2 => {
+            Kernel::Vnni | Kernel::AvxVnni | Kernel::Avx2 => {
                 let n_panels = n_out.div_ceil(PANEL);
                 let panels = panels::pack(&rows, n_out, k, 4);
                 let mut shift: Vec<i32> = rows
@@ -166,11 +176,30 @@ impl Int8Linear {
         }
     }
 
-    /// All rows times panel `p`: TILE_ROWS rows at a time with VNNI, two with AVX2.
+    /// All rows times panel `p`: TILE_ROWS rows at a time with AVX-512 VNNI, three with
+    /// AVX-VNNI, two with AVX2.
     #[cfg(target_arch = "x86_64")]
     unsafe fn panel_rows(&self, p: usize, q: &Quantized, out: &OutPtr, relu: bool) {
         if self.kernel == Kernel::Vnni {
             by_tiles!(q.rows, tile, |r0| self.tile_at(p, q, out, r0, relu));
+            return;
+        }
+        if self.kernel == Kernel::AvxVnni {
+            let vex = std::arch::is_x86_feature_detected!("avxvnni");
+            let mut r0 = 0;
+            while r0 < q.rows {
+                let t = self.tile_at(p, q, out, r0, relu);
+                let n = (q.rows - r0).min(3);
+                match (n, vex) {
+                    (3, true) => tile_avx_vnni::<3>(&t),
+                    (2, true) => tile_avx_vnni::<2>(&t),
+                    (_, true) => tile_avx_vnni::<1>(&t),
+                    (3, false) => tile_evex256::<3>(&t),
+                    (2, false) => tile_evex256::<2>(&t),
+                    (_, false) => tile_evex256::<1>(&t),
+                }
+                r0 += n;
+            }
             return;
         }
         let mut r0 = 0;
@@ -207,8 +236,8 @@ impl RowKernel for Int8Linear {
         };
         let mut xq = vec![0i8; rows * stride];
         let mut xs = vec![0f32; rows];
-        // The VNNI kernel reads inputs as unsigned bytes: flipping the sign bit adds 128.
-        quantize_rows(x, self.k, &mut xq, &mut xs, self.kernel == Kernel::Vnni);
+        // The VNNI kernels read inputs as unsigned bytes: flipping the sign bit adds 128.
+        quantize_rows(x, self.k, &mut xq, &mut xs, self.kernel.shifted());
         let q = Quantized {
             x: &xq,
             scales: &xs,
@@ -217,11 +246,11 @@ impl RowKernel for Int8Linear {
         };
         let work = rows * self.n_out * self.k;
         match self.kernel {
-            Kernel::Vnni | Kernel::Avx2 => {
+            Kernel::Vnni | Kernel::AvxVnni | Kernel::Avx2 => {
                 panels::for_each_block(self.n_out.div_ceil(PANEL), work, |p| {
-                    // SAFETY: a Vnni (Avx2) layer is only built where `has_vnni()`
-                    // (`has_avx2()`) holds; panel p writes only columns p·PANEL.. of y,
-                    // disjoint from every other panel's.
+                    // SAFETY: a Vnni (AvxVnni, Avx2) layer is only built where `has_vnni()`
+                    // (`has_avx_vnni()`, `has_avx2()`) holds; panel p writes only columns
+                    // p·PANEL.. of y, disjoint from every other panel's.
                     unsafe { self.panel_rows(p, &q, out, relu) }
                 })
             }
@@ -437,6 +466,55 @@ unsafe fn tile<const R: usize>(t: &Tile) {
     }
 }
 
+/// [`tile`] on 256-bit registers for R (≤ 3) rows, with `$dpbusd` compiled for `$features`:
+/// AVX-VNNI's encoding of `vpdpbusd`, or AVX-512 VNNI's (the same instruction on the same
+/// registers, for `NMT_CPU_ISA=avx_vnni` on a CPU without AVX-VNNI).
+macro_rules! tile_vnni256 {
+    ($name:ident, $features:literal, $dpbusd:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize>(t: &Tile) {
+            use std::arch::x86_64::*;
+            let mut acc = [[_mm256_setzero_si256(); 4]; R];
+            for g in 0..t.k4 {
+                if !t.next.is_null() {
+                    _mm_prefetch::<_MM_HINT_T1>(t.next.add(g * PANEL * 4));
+                    _mm_prefetch::<_MM_HINT_T1>(t.next.add(g * PANEL * 4 + 64));
+                }
+                // R inputs, then one weight register at a time: 4R + R + 1 ≤ 16 registers.
+                let xv: [__m256i; R] = std::array::from_fn(|r| {
+                    let four = t.x.add(r * t.x_stride + g * 4).cast::<i32>();
+                    _mm256_set1_epi32(four.read_unaligned())
+                });
+                let w = t.panel.add(g * PANEL * 4);
+                for i in 0..4 {
+                    let wv = _mm256_loadu_si256(w.add(32 * i).cast());
+                    for r in 0..R {
+                        acc[r][i] = $dpbusd(acc[r][i], xv[r], wv);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let sx = _mm256_set1_ps(*t.x_scales.add(r));
+                let v = [0, 1, 2, 3].map(|i| {
+                    let c = _mm256_loadu_si256(t.shift.add(8 * i).cast());
+                    let s = _mm256_loadu_ps(t.scales.add(8 * i));
+                    let b = _mm256_loadu_ps(t.bias.add(8 * i));
+                    let f = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i], c));
+                    _mm256_add_ps(_mm256_mul_ps(f, _mm256_mul_ps(sx, s)), b)
+                });
+                panels::store_row_avx2(t.y.add(r * t.y_stride), t.cols, v, t.relu);
+            }
+        }
+    };
+}
+tile_vnni256!(tile_avx_vnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32);
+tile_vnni256!(
+    tile_evex256,
+    "avx2,fma,avx512vnni,avx512vl",
+    _mm256_dpbusd_epi32
+);
+
 /// [`tile`]'s result with AVX2 for R (≤ 2) rows: x · w summed exactly in i32 as
 /// |x| · (w with x's sign), then scaled in the portable kernel's order.
 #[cfg(target_arch = "x86_64")]
@@ -496,6 +574,9 @@ mod tests {
             );
             let amax = |v: &[f32]| v.iter().fold(0f64, |m, a| m.max(a.abs() as f64));
             let mut kernels = vec![Kernel::Portable, Kernel::best()];
+            if super::super::cpu::has_avx_vnni() {
+                kernels.push(Kernel::AvxVnni);
+            }
             if super::super::cpu::has_avx2() {
                 kernels.push(Kernel::Avx2);
             }
@@ -533,6 +614,11 @@ mod tests {
             kernels.push(Kernel::Vnni);
         } else {
             eprintln!("not compared: this CPU has no AVX-512 VNNI");
+        }
+        if super::super::cpu::has_avx_vnni() {
+            kernels.push(Kernel::AvxVnni);
+        } else {
+            eprintln!("not compared: this CPU has no AVX-VNNI (nor AVX-512 VNNI)");
         }
         if super::super::cpu::has_avx2() {
             kernels.push(Kernel::Avx2);

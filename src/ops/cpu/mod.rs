@@ -11,15 +11,19 @@ pub enum Isa {
     /// The x86-64 baseline (or another architecture): portable loops.
     Baseline,
     Avx2,
+    /// AVX2 with AVX-VNNI, its 256-bit int8 dot products (Intel cores since Alder Lake
+    /// without AVX-512, Sierra Forest Xeons): what the int8 kernel uses there.
+    AvxVnni,
     /// AVX-512, with VNNI and BF16 where the CPU has them.
     Avx512,
 }
 
 impl Isa {
-    /// The cap that `NMT_CPU_ISA` (`baseline`, `avx2` or `avx512`) puts on the instruction
-    /// sets the kernels use, as CTranslate2's `CT2_FORCE_CPU_ISA` does: to run or measure the
-    /// narrower kernels on a wider CPU. `None` when unset or empty; the kernels never use
-    /// more than the CPU has.
+    /// The cap that `NMT_CPU_ISA` (`baseline`, `avx2`, `avx_vnni` or `avx512`) puts on the
+    /// instruction sets the kernels use, as CTranslate2's `CT2_FORCE_CPU_ISA` does: to run or
+    /// measure the narrower kernels on a wider CPU. `None` when unset or empty; the kernels
+    /// never use more than the CPU has (`avx_vnni` on an AVX-512 VNNI CPU without AVX-VNNI
+    /// runs the same 256-bit kernel with the instruction's AVX-512 encoding).
     pub fn cap_from_env() -> Result<Option<Isa>, String> {
         let Some(v) = std::env::var_os("NMT_CPU_ISA").filter(|v| !v.is_empty()) else {
             return Ok(None);
@@ -27,9 +31,10 @@ impl Isa {
         match v.to_string_lossy().to_ascii_lowercase().as_str() {
             "baseline" => Ok(Some(Isa::Baseline)),
             "avx2" => Ok(Some(Isa::Avx2)),
+            "avx_vnni" | "avxvnni" => Ok(Some(Isa::AvxVnni)),
             "avx512" => Ok(Some(Isa::Avx512)),
             other => Err(format!(
-                "NMT_CPU_ISA={other}: expected baseline, avx2 or avx512"
+                "NMT_CPU_ISA={other}: expected baseline, avx2, avx_vnni or avx512"
             )),
         }
     }
@@ -37,8 +42,16 @@ impl Isa {
 
 /// What the kernels may use: this CPU's features under the `NMT_CPU_ISA` cap, detected once
 /// (an invalid cap counts as none here; the binary refuses it before any kernel runs).
-fn features() -> (bool, bool) {
-    static FEATURES: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+#[derive(Clone, Copy)]
+struct Features {
+    avx2: bool,
+    /// 256-bit int8 dot products (`vpdpbusd` on ymm), in either encoding.
+    avx_vnni: bool,
+    avx512: bool,
+}
+
+fn features() -> Features {
+    static FEATURES: std::sync::OnceLock<Features> = std::sync::OnceLock::new();
     *FEATURES.get_or_init(|| {
         let cap = Isa::cap_from_env().ok().flatten().unwrap_or(Isa::Avx512);
         #[cfg(target_arch = "x86_64")]
@@ -47,12 +60,21 @@ fn features() -> (bool, bool) {
             let avx2 = has!("avx2") && has!("fma");
             let avx512 =
                 has!("avx512f") && has!("avx512dq") && has!("avx512bw") && has!("avx512vl");
-            (avx2 && cap >= Isa::Avx2, avx512 && cap >= Isa::Avx512)
+            let vnni256 = has!("avxvnni") || (has!("avx512vnni") && has!("avx512vl"));
+            Features {
+                avx2: avx2 && cap >= Isa::Avx2,
+                avx_vnni: avx2 && vnni256 && cap >= Isa::AvxVnni,
+                avx512: avx512 && cap >= Isa::Avx512,
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = cap;
-            (false, false)
+            Features {
+                avx2: false,
+                avx_vnni: false,
+                avx512: false,
+            }
         }
     })
 }
@@ -60,13 +82,19 @@ fn features() -> (bool, bool) {
 /// Whether the kernels may use AVX-512 F, DQ, BW and VL (every AVX-512 CPU since
 /// Skylake-SP and Zen 4), unless `NMT_CPU_ISA` caps them lower.
 pub(crate) fn has_avx512() -> bool {
-    features().1
+    features().avx512
 }
 
 /// Whether the kernels may use AVX2 and FMA (every x86-64 CPU since Haswell and Zen 1),
 /// unless `NMT_CPU_ISA=baseline`.
 pub(crate) fn has_avx2() -> bool {
-    features().0
+    features().avx2
+}
+
+/// Whether the int8 kernel may use 256-bit VNNI: AVX-VNNI, or AVX-512 VNNI's encoding of the
+/// same instruction, unless `NMT_CPU_ISA` caps the kernels at `avx2` or lower.
+pub(crate) fn has_avx_vnni() -> bool {
+    features().avx_vnni
 }
 
 /// Runs `f` inside a function compiled for AVX-512 where the CPU has it, else for AVX2, so
