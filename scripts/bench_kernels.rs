@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 use candle_core::{Device, Tensor};
-use nmt::ops::packed::{ComputeType, PackedCell};
+use nmt::ops::packed::{ComputeType, PackedLinear};
 use std::time::Instant;
 
 /// (rows, in, out): a projection of d_model 256, the FFN's two layers, the output layer.
@@ -34,12 +34,11 @@ fn main() -> Result<()> {
             let w = Tensor::randn(0f32, 0.05, (n, k), &dev)?;
             let b = Tensor::randn(0f32, 0.05, n, &dev)?;
             let x = Tensor::randn(0f32, 1.0, (rows, k), &dev)?;
-            let cell = PackedCell::new(compute);
-            // None: this CPU has no kernel for the type (bfloat16 without AVX-512 BF16).
-            if cell.forward(&x, &w, &b, false)?.is_none() {
+            // None: this CPU has no kernel for the type (f32 without AVX2).
+            let Some(layer) = PackedLinear::new(compute, &w, &b)? else {
                 line += "  (no kernel here)";
                 break;
-            }
+            };
             let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
             let rate = |pool: Option<&rayon::ThreadPool>| -> Result<f64> {
                 let reps = (4e8 / (rows * k * n) as f64).ceil() as usize;
@@ -48,8 +47,8 @@ fn main() -> Result<()> {
                     let t = Instant::now();
                     for _ in 0..reps {
                         match pool {
-                            Some(p) => p.install(|| cell.forward(&x, &w, &b, false))?,
-                            None => cell.forward(&x, &w, &b, false)?,
+                            Some(p) => p.install(|| layer.forward(&x, false))?,
+                            None => layer.forward(&x, false)?,
                         };
                     }
                     best = best.min(t.elapsed().as_secs_f64());

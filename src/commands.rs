@@ -154,6 +154,7 @@ fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
     let source = read_corpus(src)?;
     let loaded =
         crate::checkpoint::load_as(&crate::checkpoint::resolve(model)?, &device, dtype, compute)?;
+    crate::runtime::keep_freed_memory_after_load();
     let opts = crate::translate::SearchOptions {
         beam: beam.max(1),
         workers: search_workers(args.workers, &device)?,
@@ -552,6 +553,7 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
     let (device, dtype, compute) = select_compute(args.device, args.dtype, args.compute_type)?;
     let dir = crate::checkpoint::resolve(&args.model)?;
     let model = crate::checkpoint::load_as(&dir, &device, dtype, compute)?;
+    crate::runtime::keep_freed_memory_after_load();
     let alignment = aligning
         .then(|| attention_source(&args, &model.model.config))
         .transpose()?;
@@ -688,6 +690,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         eprintln!("{source}-{target}: {}", dir.display());
         models.push((pair, loaded));
     }
+    crate::runtime::keep_freed_memory_after_load();
     let search = crate::translate::SearchOptions {
         beam: args.beam,
         length_penalty: args.length_penalty,

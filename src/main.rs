@@ -12,10 +12,13 @@ fn main() {
         std::process::exit(1);
     }
     // Tensor work frees and reallocates the same large blocks: keep them. Text work
-    // (tokenizer training, preparing a corpus) allocates small strings and needs no more.
+    // (tokenizer training, preparing a corpus) allocates small strings and needs no more; the
+    // commands that decode with a loaded model keep them once it is loaded
+    // (`keep_freed_memory_after_load`).
     match cli.command {
         Command::Tokenize(_) | Command::Prepare(_) => {}
-        _ => keep_freed_memory(),
+        Command::Translate(_) | Command::Eval(_) | Command::Serve(_) => {}
+        Command::Train(_) | Command::Average(_) => keep_freed_memory(),
     }
     one_candle_pool_thread();
     let result = match cli.command {

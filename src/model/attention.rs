@@ -11,22 +11,31 @@ use candle_core::Tensor;
 
 /// Multi-head scaled dot-product attention, softmax(QKᵀ/√d_k)V.
 pub struct Attention {
-    pub(super) q_proj: Linear,
-    pub(super) k_proj: Linear,
-    pub(super) v_proj: Linear,
+    proj: Projections,
     pub(super) out_proj: Linear,
-    /// Self-attention with loaded weights: q, k and v projections stacked into one (3d, d)
-    /// layer, packed once for the inference kernels, so that a decoding step makes one product
-    /// (one parallel region) instead of three and the encoder stacks no weights per call.
-    /// The encoder's computes in bfloat16 under `--compute-type int8` (see `Seq2Seq::new`).
-    /// Cross-attention and trainable weights have none.
-    pub(super) qkv_proj: Option<Linear>,
     pub(super) heads: usize,
     pub(super) head_dim: usize,
 }
 
+/// The query, key and value projections of an attention layer.
+enum Projections {
+    /// Three layers: trainable weights and cross-attention. Loaded self-attention that no CPU
+    /// kernel packs also has them stacked into one (3d, d) layer, `qkv`: one product per call.
+    Apart {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        qkv: Option<Linear>,
+    },
+    /// Loaded self-attention on the CPU: the three stacked into one (3d, d) layer packed for
+    /// the inference kernels, their only copy, so that a decoding step makes one product (one
+    /// parallel region) instead of three. The encoder's computes in bfloat16 under
+    /// `--compute-type int8` (see `Seq2Seq::new`).
+    Stacked(Linear),
+}
+
 impl Attention {
-    /// With `stack_qkv`, loaded weights also get the stacked `qkv_proj` layer, computing as
+    /// With `stack_qkv`, loaded weights get the stacked q, k and v layer, computing as
     /// `stack_qkv` says.
     pub(super) fn new(
         w: &Weights,
@@ -35,48 +44,75 @@ impl Attention {
         heads: usize,
         stack_qkv: Option<ComputeType>,
     ) -> Result<Self> {
-        let (q_proj, k_proj, v_proj) = (
-            Linear::new(w, &format!("{name}.q_proj"), d, d)?,
-            Linear::new(w, &format!("{name}.k_proj"), d, d)?,
-            Linear::new(w, &format!("{name}.v_proj"), d, d)?,
-        );
-        let qkv_proj = match stack_qkv {
+        let layer = |p: &str| Linear::new(w, &format!("{name}.{p}"), d, d);
+        let proj = match stack_qkv {
             Some(compute) if w.is_loaded() => {
-                let stack = |f: fn(&Linear) -> &Tensor| {
-                    Tensor::cat(&[f(&q_proj), f(&k_proj), f(&v_proj)], 0)
-                };
-                Some(Linear::from_tensors(
-                    stack(|l| &l.weight)?,
-                    stack(|l| &l.bias)?,
+                let [q, k, v] = ["q_proj", "k_proj", "v_proj"]
+                    .map(|p| Linear::parameters(w, &format!("{name}.{p}"), d, d));
+                let (q, k, v) = (q?, k?, v?);
+                let qkv = Linear::from_tensors(
+                    Tensor::cat(&[&q.0, &k.0, &v.0], 0)?,
+                    Tensor::cat(&[&q.1, &k.1, &v.1], 0)?,
                     Some(compute),
-                ))
+                )?;
+                if qkv.is_packed() {
+                    Projections::Stacked(qkv)
+                } else {
+                    Projections::Apart {
+                        q: Linear::from_tensors(q.0, q.1, w.packing())?,
+                        k: Linear::from_tensors(k.0, k.1, w.packing())?,
+                        v: Linear::from_tensors(v.0, v.1, w.packing())?,
+                        qkv: Some(qkv),
+                    }
+                }
             }
-            _ => None,
+            _ => Projections::Apart {
+                q: layer("q_proj")?,
+                k: layer("k_proj")?,
+                v: layer("v_proj")?,
+                qkv: None,
+            },
         };
         Ok(Self {
-            q_proj,
-            k_proj,
-            v_proj,
-            out_proj: Linear::new(w, &format!("{name}.out_proj"), d, d)?,
-            qkv_proj,
+            proj,
+            out_proj: layer("out_proj")?,
             heads,
             head_dim: d / heads,
         })
     }
 
-    /// Scaled queries, keys and values of `x` (B, T, d), each (B, H, T, d_k).
-    pub fn queries_keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let Some(qkv) = &self.qkv_proj else {
-            let (k, v) = self.keys_values(x)?;
-            return Ok((self.queries(x)?, k, v));
-        };
+    /// The stacked q, k and v layer, where there is one.
+    fn stacked(&self) -> Option<&Linear> {
+        match &self.proj {
+            Projections::Stacked(qkv) | Projections::Apart { qkv: Some(qkv), .. } => Some(qkv),
+            Projections::Apart { qkv: None, .. } => None,
+        }
+    }
+
+    /// `x` (B, T, d) through the stacked layer: (queries, keys, values), each (B, T, d).
+    fn stacked_parts(&self, qkv: &Linear, x: &Tensor) -> Result<[Tensor; 3]> {
         let y = qkv.forward(x)?;
         let d = self.heads * self.head_dim;
         let part = |i: usize| y.narrow(candle_core::D::Minus1, i * d, d);
+        Ok([part(0)?, part(1)?, part(2)?])
+    }
+
+    /// Scales queries (B, T, d) by 1/√d_k and splits them into heads.
+    fn scaled_heads(&self, q: &Tensor) -> Result<Tensor> {
+        self.split_heads(&(q * (self.head_dim as f64).powf(-0.5))?)
+    }
+
+    /// Scaled queries, keys and values of `x` (B, T, d), each (B, H, T, d_k).
+    pub fn queries_keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let Some(qkv) = self.stacked() else {
+            let (k, v) = self.keys_values(x)?;
+            return Ok((self.queries(x)?, k, v));
+        };
+        let [q, k, v] = self.stacked_parts(qkv, x)?;
         Ok((
-            self.split_heads(&(part(0)? * (self.head_dim as f64).powf(-0.5))?)?,
-            self.split_heads(&part(1)?)?,
-            self.split_heads(&part(2)?)?,
+            self.scaled_heads(&q)?,
+            self.split_heads(&k)?,
+            self.split_heads(&v)?,
         ))
     }
 
@@ -91,15 +127,27 @@ impl Attention {
     /// Keys and values of `x` (B, S, d), each (B, H, S, d_k): computed once per sentence for
     /// cross-attention.
     pub fn keys_values(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok((
-            self.split_heads(&self.k_proj.forward(x)?)?,
-            self.split_heads(&self.v_proj.forward(x)?)?,
-        ))
+        match &self.proj {
+            Projections::Apart { k, v, .. } => Ok((
+                self.split_heads(&k.forward(x)?)?,
+                self.split_heads(&v.forward(x)?)?,
+            )),
+            Projections::Stacked(qkv) => {
+                let [_, k, v] = self.stacked_parts(qkv, x)?;
+                Ok((self.split_heads(&k)?, self.split_heads(&v)?))
+            }
+        }
     }
 
     /// Scaled queries of `x` (B, T, d), (B, H, T, d_k).
     pub(super) fn queries(&self, x: &Tensor) -> Result<Tensor> {
-        self.split_heads(&(self.q_proj.forward(x)? * (self.head_dim as f64).powf(-0.5))?)
+        match &self.proj {
+            Projections::Apart { q, .. } => self.scaled_heads(&q.forward(x)?),
+            Projections::Stacked(qkv) => {
+                let [q, _, _] = self.stacked_parts(qkv, x)?;
+                self.scaled_heads(&q)
+            }
+        }
     }
 
     /// (B, H, T, d_k) → out_proj of (B, T, d).
@@ -119,9 +167,11 @@ impl Attention {
         p_attn: f64,
         drop: &Dropout,
     ) -> Result<Tensor> {
-        let qkv = match &self.qkv_proj {
-            Some(l) => l.forward(x)?,
-            None => Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])?.forward(x)?,
+        let qkv = match &self.proj {
+            Projections::Stacked(qkv) | Projections::Apart { qkv: Some(qkv), .. } => {
+                qkv.forward(x)?
+            }
+            Projections::Apart { q, k, v, qkv: None } => Linear::forward_stacked(&[q, k, v], x)?,
         };
         let (b, t, _) = x.dims3()?;
         let mask = drop.mask(b * self.heads * t * t, p_attn);
@@ -139,8 +189,16 @@ impl Attention {
         p_attn: f64,
         drop: &Dropout,
     ) -> Result<Tensor> {
-        let q = self.q_proj.forward(x)?;
-        let kv = Linear::stack(&[&self.k_proj, &self.v_proj])?.forward(memory)?;
+        let (q, kv) = match &self.proj {
+            Projections::Apart { q, k, v, .. } => {
+                (q.forward(x)?, Linear::forward_stacked(&[k, v], memory)?)
+            }
+            Projections::Stacked(qkv) => {
+                let [q, ..] = self.stacked_parts(qkv, x)?;
+                let [_, k, v] = self.stacked_parts(qkv, memory)?;
+                (q, Tensor::cat(&[k, v], candle_core::D::Minus1)?)
+            }
+        };
         let (b, t, _) = x.dims3()?;
         let mask = drop.mask(b * self.heads * t * memory.dim(1)?, p_attn);
         let ctx = ops::attention::cross_attention(&q, &kv, self.heads, Some(bias), mask)?;
@@ -152,7 +210,14 @@ impl Attention {
     /// alignments are read from, and what guided alignment trains.
     pub fn probabilities(&self, x: &Tensor, memory: &Tensor, bias: &Tensor) -> Result<Tensor> {
         let q = self.queries(x)?;
-        let k = self.split_heads(&self.k_proj.forward(memory)?)?;
+        let k = match &self.proj {
+            Projections::Apart { k, .. } => k.forward(memory)?,
+            Projections::Stacked(qkv) => {
+                let [_, k, _] = self.stacked_parts(qkv, memory)?;
+                k
+            }
+        };
+        let k = self.split_heads(&k)?;
         Ok(ops::masked_softmax(&q.matmul(&k.t()?)?, Some(bias))?)
     }
 

@@ -79,47 +79,77 @@ impl Dropout {
 }
 
 /// y = x Wᵀ + b, with W of shape (out, in) as in PyTorch.
-pub struct Linear {
-    weight: Tensor,
-    bias: Tensor,
-    /// Weights loaded from a file never change: they are packed once, on first use, for the
-    /// inference kernel of the model's compute type (`None` inside where it cannot run).
-    /// Trainable ones are not.
-    packed: Option<ops::packed::PackedCell>,
+pub struct Linear(Repr);
+
+enum Repr {
+    /// The weight and bias of the general product: trainable layers, and loaded ones that no
+    /// CPU kernel takes (another device or dtype).
+    Plain { weight: Tensor, bias: Tensor },
+    /// A loaded layer packed for the inference kernel of the model's compute type when the
+    /// model loads; the packed copy is the only one kept.
+    Packed(Box<ops::packed::PackedLinear>),
 }
 
 impl Linear {
     fn new(w: &Weights, name: &str, d_in: usize, d_out: usize) -> Result<Self> {
-        Ok(Self::from_tensors(
+        let (weight, bias) = Self::parameters(w, name, d_in, d_out)?;
+        Self::from_tensors(weight, bias, w.packing())
+    }
+
+    /// The weight (out, in) and bias of layer `name` in `w`.
+    fn parameters(w: &Weights, name: &str, d_in: usize, d_out: usize) -> Result<(Tensor, Tensor)> {
+        Ok((
             w.get(
                 &format!("{name}.weight"),
                 &[d_out, d_in],
                 Init::XavierUniform,
             )?,
             w.get(&format!("{name}.bias"), &[d_out], Init::Zeros)?,
-            w.packing(),
         ))
     }
 
-    /// `packing`: how a loaded layer computes; `None` for trainable weights.
-    fn from_tensors(weight: Tensor, bias: Tensor, packing: Option<ComputeType>) -> Self {
-        Self {
-            weight,
-            bias,
-            packed: packing.map(ops::packed::PackedCell::new),
+    /// `packing`: how a loaded layer computes, packed here where its kernel runs; `None` for
+    /// trainable weights.
+    fn from_tensors(weight: Tensor, bias: Tensor, packing: Option<ComputeType>) -> Result<Self> {
+        if let Some(compute) = packing {
+            if let Some(packed) = ops::packed::PackedLinear::new(compute, &weight, &bias)? {
+                return Ok(Self(Repr::Packed(Box::new(packed))));
+            }
+        }
+        Ok(Self(Repr::Plain { weight, bias }))
+    }
+
+    /// The layers side by side applied to `x`, their outputs concatenated along the last
+    /// dimension: one product of the stacked weights where all are plain (differentiable:
+    /// gradients flow back to each layer's own weights), else one product per layer.
+    fn forward_stacked(layers: &[&Linear], x: &Tensor) -> Result<Tensor> {
+        let plain: Option<(Vec<&Tensor>, Vec<&Tensor>)> = layers
+            .iter()
+            .map(|l| match &l.0 {
+                Repr::Plain { weight, bias } => Some((weight, bias)),
+                Repr::Packed(_) => None,
+            })
+            .collect();
+        match plain {
+            Some((weights, biases)) => Ok(ops::linear(
+                x,
+                &Tensor::cat(&weights, 0)?,
+                &Tensor::cat(&biases, 0)?,
+                false,
+            )?),
+            None => {
+                let ys = layers
+                    .iter()
+                    .map(|l| l.forward(x))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Tensor::cat(&ys, candle_core::D::Minus1)?)
+            }
         }
     }
 
-    /// The layers side by side, one (Σ out, in) layer: one product for their common input.
-    /// Differentiable: gradients flow back to each layer's own weights.
-    fn stack(layers: &[&Linear]) -> Result<Self> {
-        let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
-        let biases: Vec<&Tensor> = layers.iter().map(|l| &l.bias).collect();
-        Ok(Self::from_tensors(
-            Tensor::cat(&weights, 0)?,
-            Tensor::cat(&biases, 0)?,
-            None,
-        ))
+    /// Whether the layer is packed for a CPU kernel.
+    fn is_packed(&self) -> bool {
+        matches!(self.0, Repr::Packed(_))
     }
 
     /// Applies the layer to (..., in).
@@ -129,12 +159,10 @@ impl Linear {
 
     /// Applies the layer, then ReLU when `relu` (fused on the CPU).
     pub fn forward_act(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        if let Some(cell) = &self.packed {
-            if let Some(y) = cell.forward(x, &self.weight, &self.bias, relu)? {
-                return Ok(y);
-            }
+        match &self.0 {
+            Repr::Packed(packed) => Ok(packed.forward(x, relu)?),
+            Repr::Plain { weight, bias } => Ok(ops::linear(x, weight, bias, relu)?),
         }
-        Ok(ops::linear(x, &self.weight, &self.bias, relu)?)
     }
 }
 
@@ -343,7 +371,7 @@ impl Seq2Seq {
                 shared.clone(),
                 final_logits_bias.flatten_all()?,
                 w.packing(),
-            ),
+            )?,
             final_logits_bias,
             positions: sinusoidal_positions(config.max_position_embeddings, d, w.device())?
                 .to_dtype(shared.dtype())?,

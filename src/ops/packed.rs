@@ -7,8 +7,9 @@
 //! [`panels::TILE_ROWS`] rows with AVX-512; with AVX2 (half the registers, each half as
 //! wide) six rows by half a panel. Both sum in the same order: their results are equal bit for bit.
 //! Elsewhere (no AVX2, other architectures) [`Packed::new`] returns `None` and callers use
-//! the general path. It owns only the packed copies: trainable weights, which change at every
-//! step, must not be packed (`Linear` packs only weights loaded from a file). With
+//! the general path. A [`PackedLinear`] owns the layer's only copy of its weights, packed when
+//! the model loads: trainable weights, which change at every step, must not be packed
+//! (`Linear` packs only weights loaded from a file). With
 //! [`ComputeType::Int8`] the cell holds the layer quantized to int8 instead ([`super::int8`]),
 //! with [`ComputeType::Bf16`] rounded to bfloat16 ([`super::bf16`]).
 
@@ -17,7 +18,6 @@ use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
 use super::cpu::{has_avx2, has_avx512, OutPtr};
 use super::int8::{self, Int8Linear};
 use candle_core::{DType, Result, Tensor};
-use std::sync::OnceLock;
 
 /// How the linear layers of a loaded model compute (`--compute-type`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,12 +34,9 @@ pub enum ComputeType {
     Bf16,
 }
 
-/// A loaded layer's packed weights, made on its first use where the kernel runs.
-#[derive(Default)]
-pub struct PackedCell {
-    compute: ComputeType,
-    packed: OnceLock<Option<Kernel>>,
-}
+/// A loaded layer's weights in the form its kernel reads, packed once when the model loads.
+/// It holds the layer's only copy: the f32 weight it was packed from is released.
+pub struct PackedLinear(Kernel);
 
 /// A layer's weights in the form its kernel reads.
 enum Kernel {
@@ -48,45 +45,39 @@ enum Kernel {
     Bf16(Bf16Linear),
 }
 
-impl PackedCell {
-    pub fn new(compute: ComputeType) -> Self {
-        Self {
-            compute,
-            packed: OnceLock::new(),
+impl PackedLinear {
+    /// `weight` (out, in) and `bias` (out) packed for `compute`'s kernel; `None` where none
+    /// runs (another device or dtype, f32 without AVX2), and the layer keeps the general
+    /// product.
+    pub fn new(compute: ComputeType, weight: &Tensor, bias: &Tensor) -> Result<Option<Self>> {
+        if weight.dtype() != DType::F32 || !weight.device().is_cpu() {
+            return Ok(None);
         }
+        let kernel = match compute {
+            ComputeType::Float32 => Packed::new(weight, bias, has_avx512())?.map(Kernel::F32),
+            ComputeType::Bf16 => Bf16Linear::new(weight, bias, true)?.map(Kernel::Bf16),
+            ComputeType::Int8 => Some(Kernel::Int8(Int8Linear::new(
+                weight,
+                bias,
+                int8::Kernel::best(),
+            )?)),
+        };
+        Ok(kernel.map(Self))
     }
 
-    /// `x` (..., in) times `weight` (out, in) transposed plus `bias`, then ReLU when `relu`,
-    /// through the packed or int8 kernel; `None` where no such kernel runs (another device or
-    /// dtype, f32 without AVX2), and the caller takes the general path.
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        relu: bool,
-    ) -> Result<Option<Tensor>> {
+    /// `x` (..., in), CPU f32 as the layer, times the weight transposed plus the bias, then
+    /// ReLU when `relu`.
+    pub fn forward(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         if x.dtype() != DType::F32 || !x.device().is_cpu() {
-            return Ok(None);
+            candle_core::bail!(
+                "a packed linear layer takes CPU f32 inputs, not {:?} on {:?}",
+                x.dtype(),
+                x.device()
+            );
         }
-        if self.packed.get().is_none() {
-            let kernel = match self.compute {
-                ComputeType::Float32 => Packed::new(weight, bias, has_avx512())?.map(Kernel::F32),
-                ComputeType::Bf16 => Bf16Linear::new(weight, bias, true)?.map(Kernel::Bf16),
-                ComputeType::Int8 => Some(Kernel::Int8(Int8Linear::new(
-                    weight,
-                    bias,
-                    int8::Kernel::best(),
-                )?)),
-            };
-            let _ = self.packed.set(kernel);
-        }
-        let Some(kernel) = self.packed.get().and_then(Option::as_ref) else {
-            return Ok(None);
-        };
         let mut dims = x.dims().to_vec();
         let x2 = x.reshape(((), dims[dims.len() - 1]))?;
-        let (y, n_out) = match kernel {
+        let (y, n_out) = match &self.0 {
             Kernel::F32(p) => (p.forward(&x2, relu)?, p.n_out),
             Kernel::Int8(q) => (q.forward(&x2, relu)?, q.shape().1),
             Kernel::Bf16(h) => (h.forward(&x2, relu)?, h.shape().1),
@@ -94,7 +85,7 @@ impl PackedCell {
         *dims
             .last_mut()
             .expect("a linear layer's input has dimensions") = n_out;
-        Ok(Some(y.reshape(dims)?))
+        y.reshape(dims)
     }
 }
 
