@@ -25,7 +25,7 @@ pub enum Init {
 
 enum Source {
     Loaded {
-        tensors: HashMap<String, Tensor>,
+        tensors: Tensors,
         path: PathBuf,
     },
     Init {
@@ -33,7 +33,7 @@ enum Source {
         vars: RefCell<Vec<(String, Var)>>,
         buffers: RefCell<Vec<(String, Tensor)>>,
         /// Pretrained tensors the variables start from (fine-tuning), and their file.
-        from: Option<(HashMap<String, Tensor>, PathBuf)>,
+        from: Option<(Tensors, PathBuf)>,
     },
 }
 
@@ -78,10 +78,11 @@ impl Weights {
     /// OPUS-MT repos publish, read without executing its pickle), converted to `dtype` on
     /// `device`.
     pub fn load(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        let tensors = read_tensors(path, device)?
-            .into_iter()
-            .map(|(k, t)| Ok((k, t.to_dtype(dtype)?)))
-            .collect::<Result<HashMap<_, _>>>()?;
+        let tensors = if path.extension().is_some_and(|e| e == "bin") {
+            Tensors::Memory(read_tensors(path, device)?)
+        } else {
+            Tensors::Mapped(Mapped::open(path)?)
+        };
         Ok(Self {
             source: Source::Loaded {
                 tensors,
@@ -97,7 +98,7 @@ impl Weights {
     pub fn from_tensors(tensors: HashMap<String, Tensor>, device: &Device, dtype: DType) -> Self {
         Self {
             source: Source::Loaded {
-                tensors,
+                tensors: Tensors::Memory(tensors),
                 path: PathBuf::from("<memory>"),
             },
             device: device.clone(),
@@ -130,7 +131,7 @@ impl Weights {
                 rng: RefCell::new(Rng::new(0)),
                 vars: RefCell::new(Vec::new()),
                 buffers: RefCell::new(Vec::new()),
-                from: Some((tensors, path.to_path_buf())),
+                from: Some((Tensors::Memory(tensors), path.to_path_buf())),
             },
             device: device.clone(),
             dtype,
@@ -183,12 +184,12 @@ impl Weights {
                 .chain(buffers.borrow().iter().cloned())
                 .collect(),
             Source::Loaded { tensors, .. } => {
-                let mut all: Vec<_> = tensors
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                all.sort_by(|a, b| a.0.cmp(&b.0));
-                all
+                let mut names = tensors.names();
+                names.sort();
+                names
+                    .into_iter()
+                    .filter_map(|n| Some((n.clone(), tensors.get(&n, &self.device).ok()??)))
+                    .collect()
             }
         }
     }
@@ -197,14 +198,14 @@ impl Weights {
     /// checkpoint without it gets zeros, as in transformers.
     pub fn buffer(&self, name: &str, dims: &[usize]) -> Result<Tensor> {
         match &self.source {
-            Source::Loaded { tensors, .. } if !tensors.contains_key(name) => {
+            Source::Loaded { tensors, .. } if !tensors.contains(name) => {
                 Ok(Tensor::zeros(dims, self.dtype, &self.device)?)
             }
             Source::Loaded { .. } => self.get(name, dims, Init::Zeros),
             Source::Init { buffers, from, .. } => {
                 let t = match from {
-                    Some((tensors, path)) if tensors.contains_key(name) => {
-                        pretrained(tensors, path, name, dims)?.to_dtype(self.dtype)?
+                    Some((tensors, path)) if tensors.contains(name) => {
+                        self.pretrained(tensors, path, name, dims)?
                     }
                     _ => Tensor::zeros(dims, self.dtype, &self.device)?,
                 };
@@ -217,13 +218,13 @@ impl Weights {
     /// The tensor `name` of shape `dims`; created with `init` for a new model.
     pub fn get(&self, name: &str, dims: &[usize], init: Init) -> Result<Tensor> {
         match &self.source {
-            Source::Loaded { tensors, path } => pretrained(tensors, path, name, dims),
+            Source::Loaded { tensors, path } => self.pretrained(tensors, path, name, dims),
             Source::Init {
                 vars,
                 from: Some((tensors, path)),
                 ..
             } => {
-                let t = pretrained(tensors, path, name, dims)?.to_dtype(self.dtype)?;
+                let t = self.pretrained(tensors, path, name, dims)?;
                 let var = Var::from_tensor(&t).with_context(|| format!("creating {name}"))?;
                 vars.borrow_mut().push((name.to_string(), var.clone()));
                 Ok(var.as_tensor().clone())
@@ -259,29 +260,124 @@ impl Weights {
     }
 }
 
-/// Tensor `name` of a weights file (the tied embedding under any of its names), checked
-/// against the shape the config implies.
-fn pretrained(
-    tensors: &HashMap<String, Tensor>,
-    path: &Path,
-    name: &str,
-    dims: &[usize],
-) -> Result<Tensor> {
-    let t = if SHARED_ALIASES.contains(&name) {
-        SHARED_ALIASES.iter().find_map(|n| tensors.get(*n))
-    } else {
-        tensors.get(name)
-    };
-    let t = t.ok_or_else(|| anyhow!("{}: tensor {name} is missing", path.display()))?;
-    if t.dims() != dims {
-        bail!(
-            "{}: tensor {name} has shape {:?}, the config implies {:?}",
-            path.display(),
-            t.dims(),
-            dims
-        );
+impl Weights {
+    /// Tensor `name` of a weights file (the tied embedding under any of its names), checked
+    /// against the shape the config implies, in the model's dtype.
+    fn pretrained(
+        &self,
+        tensors: &Tensors,
+        path: &Path,
+        name: &str,
+        dims: &[usize],
+    ) -> Result<Tensor> {
+        let stored = if SHARED_ALIASES.contains(&name) {
+            SHARED_ALIASES.iter().copied().find(|n| tensors.contains(n))
+        } else {
+            Some(name)
+        };
+        let t = match stored {
+            Some(n) => tensors
+                .get(n, &self.device)
+                .with_context(|| format!("{}: tensor {n}", path.display()))?,
+            None => None,
+        };
+        let t = t.ok_or_else(|| anyhow!("{}: tensor {name} is missing", path.display()))?;
+        if t.dims() != dims {
+            bail!(
+                "{}: tensor {name} has shape {:?}, the config implies {:?}",
+                path.display(),
+                t.dims(),
+                dims
+            );
+        }
+        Ok(t.to_dtype(self.dtype)?)
     }
-    Ok(t.clone())
+}
+
+/// The tensors of a weights file, by name.
+enum Tensors {
+    /// All in memory: a PyTorch file, averaged checkpoints, tests, fine-tuning's start.
+    Memory(HashMap<String, Tensor>),
+    /// A safetensors file mapped into memory, each tensor copied out when the model asks for
+    /// it: loading holds one copy of each weight (packed layers release theirs), not the whole
+    /// file and every tensor at once.
+    Mapped(Mapped),
+}
+
+/// A mapped safetensors file and where each tensor lies in it.
+struct Mapped {
+    map: memmap2::Mmap,
+    /// Per tensor: its dtype, shape and bytes in `map`.
+    index: HashMap<String, (safetensors::Dtype, Vec<usize>, std::ops::Range<usize>)>,
+}
+
+impl Mapped {
+    fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("{}: no such weights file", path.display()))?;
+        // SAFETY: weights files are written under a temporary name and renamed into place;
+        // nmt never modifies one afterwards, and a tensor is copied out before it is used.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .with_context(|| format!("{}: cannot map", path.display()))?;
+        let (header, metadata) = safetensors::SafeTensors::read_metadata(&map)
+            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+        let start = 8 + header;
+        let index = metadata
+            .tensors()
+            .into_iter()
+            .map(|(name, info)| {
+                let (a, b) = info.data_offsets;
+                (name, (info.dtype, info.shape.clone(), start + a..start + b))
+            })
+            .collect();
+        Ok(Self { map, index })
+    }
+}
+
+impl Tensors {
+    fn contains(&self, name: &str) -> bool {
+        match self {
+            Tensors::Memory(t) => t.contains_key(name),
+            Tensors::Mapped(m) => m.index.contains_key(name),
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        match self {
+            Tensors::Memory(t) => t.keys().cloned().collect(),
+            Tensors::Mapped(m) => m.index.keys().cloned().collect(),
+        }
+    }
+
+    /// Tensor `name` on `device`; `None` if the file has none.
+    fn get(&self, name: &str, device: &Device) -> Result<Option<Tensor>> {
+        match self {
+            Tensors::Memory(t) => Ok(t.get(name).cloned()),
+            Tensors::Mapped(m) => {
+                let Some((dtype, shape, bytes)) = m.index.get(name) else {
+                    return Ok(None);
+                };
+                let view = safetensors::tensor::TensorView::new(
+                    *dtype,
+                    shape.clone(),
+                    &m.map[bytes.clone()],
+                )?;
+                let t = candle_core::safetensors::Load::load(&view, device)?;
+                // The copy is made: the file's pages can leave this process (they stay in
+                // the page cache). Only a hint; on failure they stay until the unmapping.
+                // SAFETY: no reference into these bytes outlives `view`, and the mapping is
+                // read-only, so dropping its pages only makes a later read fetch them again.
+                let _ = unsafe {
+                    m.map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        bytes.start,
+                        bytes.len(),
+                    )
+                };
+                Ok(Some(t))
+            }
+        }
+    }
 }
 
 fn uniform(rng: &mut Rng) -> f64 {
