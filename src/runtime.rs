@@ -19,7 +19,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// a page fault and a zeroing each (measured with glibc: ~15 % of a training step; with
 /// mimalloc's 10 ms default: yardstick training 2,580–2,840 target tokens/s against 2,965–3,204
 /// kept; int8 greedy decoding 0.71 against 0.60 s median). Call first in `main`; the text-only
-/// commands, which allocate small strings, leave it out.
+/// commands, which allocate small strings, leave it out, and those that load a model to decode
+/// call [`keep_freed_memory_after_load`] instead.
 pub fn keep_freed_memory() {
     // SAFETY: mi_option_set only changes an allocator tunable.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
@@ -27,12 +28,12 @@ pub fn keep_freed_memory() {
 
 /// For the commands that load a model and then decode (`translate`, `eval --model`,
 /// `serve`), instead of [`keep_freed_memory`] first: returns to the kernel what loading freed
-/// (the weights file as read, the f32 copies of the layers packed for their kernels), then
-/// keeps freed memory from now on. mimalloc keeps a freed page with the thread that freed it,
-/// and the decoding threads are others: kept, those ~30 MB (the demo model) would stay
-/// resident unused. Pages allocated while freed memory is kept are never returned, so this
-/// must come before any `keep_freed_memory`. Measured on the demo model, int8, two workers:
-/// peak RSS 137 → 106 MB.
+/// (the f32 copies of the layers packed for their kernels), then keeps freed memory from now
+/// on. mimalloc keeps a freed page with the thread that freed it, and the decoding threads
+/// are others: kept, those pages (~27 MB for the demo model) would stay resident unused.
+/// Pages allocated while freed memory is kept are never returned, so this must come before
+/// any `keep_freed_memory`. Measured on the demo model, int8, two workers, when the weights
+/// file was still read whole: peak RSS 137 → 106 MB.
 pub fn keep_freed_memory_after_load() {
     // SAFETY: mi_collect only frees what the allocator holds unused.
     unsafe { libmimalloc_sys::mi_collect(true) };

@@ -55,21 +55,21 @@ const SHARED_ALIASES: &[&str] = &[
 ];
 
 /// The tensors of a weights file by name: `model.safetensors`, or a PyTorch
-/// `pytorch_model.bin` (read without executing its pickle). The one place weights are read
-/// (models, resumed training, averaging).
+/// `pytorch_model.bin` (read without executing its pickle). Weights are read here or, a
+/// tensor at a time as the model asks, by [`Weights::load`]: both through [`Tensors::open`].
 pub fn read_tensors(path: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
-    if !path.is_file() {
-        bail!("{}: no such weights file", path.display());
-    }
-    if path.extension().is_some_and(|e| e == "bin") {
-        candle_core::pickle::read_all(path)
-            .map_err(|e| anyhow!("{}: not a valid PyTorch weights file: {e}", path.display()))?
-            .into_iter()
-            .map(|(k, t)| Ok((k, t.to_device(device)?)))
-            .collect()
-    } else {
-        candle_core::safetensors::load(path, device)
-            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e}", path.display()))
+    match Tensors::open(path, device)? {
+        Tensors::Memory(tensors) => Ok(tensors),
+        Tensors::Mapped(m) => m
+            .index
+            .iter()
+            .map(|(name, entry)| {
+                let t = m
+                    .copy_out(entry, device)
+                    .with_context(|| format!("{}: tensor {name}", path.display()))?;
+                Ok((name.clone(), t))
+            })
+            .collect(),
     }
 }
 
@@ -78,11 +78,7 @@ impl Weights {
     /// OPUS-MT repos publish, read without executing its pickle), converted to `dtype` on
     /// `device`.
     pub fn load(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        let tensors = if path.extension().is_some_and(|e| e == "bin") {
-            Tensors::Memory(read_tensors(path, device)?)
-        } else {
-            Tensors::Mapped(Mapped::open(path)?)
-        };
+        let tensors = Tensors::open(path, device)?;
         Ok(Self {
             source: Source::Loaded {
                 tensors,
@@ -175,20 +171,25 @@ impl Weights {
     }
 
     /// Every tensor of the model by checkpoint name: trainable variables and buffers.
-    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+    pub fn named_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         match &self.source {
-            Source::Init { vars, buffers, .. } => vars
+            Source::Init { vars, buffers, .. } => Ok(vars
                 .borrow()
                 .iter()
                 .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
                 .chain(buffers.borrow().iter().cloned())
-                .collect(),
-            Source::Loaded { tensors, .. } => {
+                .collect()),
+            Source::Loaded { tensors, path } => {
                 let mut names = tensors.names();
                 names.sort();
                 names
                     .into_iter()
-                    .filter_map(|n| Some((n.clone(), tensors.get(&n, &self.device).ok()??)))
+                    .map(|n| {
+                        let t = tensors
+                            .get(&n, &self.device)
+                            .with_context(|| format!("{}: tensor {n}", path.display()))?;
+                        Ok((n, t.expect("a tensor of its own names")))
+                    })
                     .collect()
             }
         }
@@ -314,7 +315,7 @@ struct Mapped {
 impl Mapped {
     fn open(path: &Path) -> Result<Self> {
         let file = std::fs::File::open(path)
-            .with_context(|| format!("{}: no such weights file", path.display()))?;
+            .with_context(|| format!("{}: cannot open", path.display()))?;
         // SAFETY: weights files are written under a temporary name and renamed into place;
         // nmt never modifies one afterwards, and a tensor is copied out before it is used.
         let map = unsafe { memmap2::Mmap::map(&file) }
@@ -332,9 +333,50 @@ impl Mapped {
             .collect();
         Ok(Self { map, index })
     }
+
+    /// A copy of the tensor at `entry` (of `index`) on `device`, its pages then dropped from
+    /// the mapping.
+    fn copy_out(
+        &self,
+        (dtype, shape, bytes): &(safetensors::Dtype, Vec<usize>, std::ops::Range<usize>),
+        device: &Device,
+    ) -> Result<Tensor> {
+        let view =
+            safetensors::tensor::TensorView::new(*dtype, shape.clone(), &self.map[bytes.clone()])?;
+        let t = candle_core::safetensors::Load::load(&view, device)?;
+        // The copy is made: the file's pages can leave this process (they stay in the page
+        // cache). Only a hint; on failure they stay until the unmapping.
+        // SAFETY: no reference into these bytes outlives `view`, and the mapping is read-only,
+        // so dropping its pages only makes a later read fetch them again.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                bytes.start,
+                bytes.len(),
+            )
+        };
+        Ok(t)
+    }
 }
 
 impl Tensors {
+    /// The tensors of `path`: a safetensors file mapped, a PyTorch file read whole.
+    fn open(path: &Path, device: &Device) -> Result<Self> {
+        if !path.is_file() {
+            bail!("{}: no such weights file", path.display());
+        }
+        if path.extension().is_some_and(|e| e == "bin") {
+            candle_core::pickle::read_all(path)
+                .map_err(|e| anyhow!("{}: not a valid PyTorch weights file: {e}", path.display()))?
+                .into_iter()
+                .map(|(k, t)| Ok((k, t.to_device(device)?)))
+                .collect::<Result<_>>()
+                .map(Tensors::Memory)
+        } else {
+            Mapped::open(path).map(Tensors::Mapped)
+        }
+    }
+
     fn contains(&self, name: &str) -> bool {
         match self {
             Tensors::Memory(t) => t.contains_key(name),
@@ -353,29 +395,7 @@ impl Tensors {
     fn get(&self, name: &str, device: &Device) -> Result<Option<Tensor>> {
         match self {
             Tensors::Memory(t) => Ok(t.get(name).cloned()),
-            Tensors::Mapped(m) => {
-                let Some((dtype, shape, bytes)) = m.index.get(name) else {
-                    return Ok(None);
-                };
-                let view = safetensors::tensor::TensorView::new(
-                    *dtype,
-                    shape.clone(),
-                    &m.map[bytes.clone()],
-                )?;
-                let t = candle_core::safetensors::Load::load(&view, device)?;
-                // The copy is made: the file's pages can leave this process (they stay in
-                // the page cache). Only a hint; on failure they stay until the unmapping.
-                // SAFETY: no reference into these bytes outlives `view`, and the mapping is
-                // read-only, so dropping its pages only makes a later read fetch them again.
-                let _ = unsafe {
-                    m.map.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        bytes.start,
-                        bytes.len(),
-                    )
-                };
-                Ok(Some(t))
-            }
+            Tensors::Mapped(m) => m.index.get(name).map(|e| m.copy_out(e, device)).transpose(),
         }
     }
 }

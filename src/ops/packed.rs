@@ -10,7 +10,7 @@
 //! the general path. A [`PackedLinear`] owns the layer's only copy of its weights, packed when
 //! the model loads: trainable weights, which change at every step, must not be packed
 //! (`Linear` packs only weights loaded from a file). With
-//! [`ComputeType::Int8`] the cell holds the layer quantized to int8 instead ([`super::int8`]),
+//! [`ComputeType::Int8`] it holds the layer quantized to int8 instead ([`super::int8`]),
 //! with [`ComputeType::Bf16`] rounded to bfloat16 ([`super::bf16`]).
 
 use super::bf16::Bf16Linear;

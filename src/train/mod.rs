@@ -208,7 +208,7 @@ impl Trainer<'_> {
     fn save(&self, step_dir: &Path, state: &TrainerState) -> Result<()> {
         Checkpoint {
             config: &self.model_config,
-            tensors: self.weights.named_tensors().into_iter().collect(),
+            tensors: self.weights.named_tensors()?.into_iter().collect(),
             tokenizer: &self.tok,
             tokenizer_files: self.tokenizer_files.as_deref(),
             optimizer: Some(self.opt.state()?),
