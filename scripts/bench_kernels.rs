@@ -1,15 +1,19 @@
 //! The linear-layer kernels alone: multiply-adds per second of one inference layer
 //! (`Linear` with packed weights) for each compute type, at the yardstick model's shapes and 64
 //! input rows (a decoding step of a full batch, or an encoder batch), on one thread and on all.
-//! Prints the best of 5 timings of about 0.2 s each. Used through `scripts/bench-kernels.sh`;
-//! `NMT_CPU_ISA=avx2` measures the AVX2 kernels on a wider CPU.
+//! Then the training side: one linear layer's forward and backward pass (its three matrix
+//! products, through the op the trainer uses) on 2,048 rows, in GFLOP/s on all threads; the
+//! script sets PyTorch's figures for the same shapes beside them. Prints the best of 5 timings
+//! of about 0.2 s each. Used through `scripts/bench-kernels.sh`; `NMT_CPU_ISA=avx2` measures
+//! the AVX2 decoding kernels on a wider CPU.
 
 use anyhow::Result;
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 use nmt::ops::packed::{ComputeType, PackedLinear};
 use std::time::Instant;
 
-/// (rows, in, out): a projection of d_model 256, the FFN's two layers, the output layer.
+/// (rows, in, out) of a decoding step: a projection of d_model 256, the FFN's two layers, the
+/// output layer.
 const SHAPES: [(usize, usize, usize); 4] = [
     (64, 256, 256),
     (64, 256, 1024),
@@ -20,6 +24,7 @@ const SHAPES: [(usize, usize, usize); 4] = [
 fn main() -> Result<()> {
     nmt::ops::cpu::Isa::cap_from_env().map_err(anyhow::Error::msg)?;
     nmt::runtime::keep_freed_memory();
+    nmt::runtime::one_candle_pool_thread();
     let all = rayon::current_num_threads();
     println!("G multiply-adds/s per layer shape (rows x in x out), 1 thread and {all}:");
     let types = [
@@ -63,5 +68,41 @@ fn main() -> Result<()> {
         }
         println!("{line}");
     }
+    // As `nmt train` runs its step: on a rayon worker.
+    nmt::runtime::on_worker(|| training(all))
+}
+
+/// (rows, in, out) of a training step of `--max-tokens 2048`: the same four layers.
+const TRAINING_SHAPES: [(usize, usize, usize); 4] = [
+    (2048, 256, 256),
+    (2048, 256, 1024),
+    (2048, 1024, 256),
+    (2048, 256, 8000),
+];
+
+/// GFLOP/s of `ops::linear`'s forward and backward pass (x Wᵀ + b, then dx and dW: three
+/// products of 2·rows·in·out FLOPs each), the gradient of the sum of the outputs flowing back.
+fn training(threads: usize) -> Result<()> {
+    println!("training: linear layer forward + backward, GFLOP/s on {threads} threads (rows x in x out):");
+    let mut line = "  nmt    ".to_string();
+    for (rows, k, n) in TRAINING_SHAPES {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (rows, k), &dev)?)?;
+        let w = Var::from_tensor(&Tensor::randn(0f32, 0.05, (n, k), &dev)?)?;
+        let b = Var::from_tensor(&Tensor::randn(0f32, 0.05, n, &dev)?)?;
+        let flops = 3.0 * 2.0 * (rows * k * n) as f64;
+        let reps = (1.5e10 / flops).ceil() as usize;
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            for _ in 0..reps {
+                let y = nmt::ops::linear(x.as_tensor(), w.as_tensor(), b.as_tensor(), false)?;
+                drop(y.sum_all()?.backward()?);
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        line += &format!("  {rows}x{k}x{n} {:.1}", flops * reps as f64 / best / 1e9);
+    }
+    println!("{line}");
     Ok(())
 }
