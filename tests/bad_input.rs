@@ -68,6 +68,17 @@ fn half(path: &Path) -> Vec<u8> {
     b[..b.len() / 2].to_vec()
 }
 
+/// The weights file at `path` with one value of the tensor `name` (float32) made NaN.
+fn with_nan(path: &Path, name: &str) -> Vec<u8> {
+    let mut b = std::fs::read(path).unwrap();
+    let header = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let meta: serde_json::Value = serde_json::from_slice(&b[8..8 + header]).unwrap();
+    assert_eq!(meta[name]["dtype"], "F32");
+    let at = 8 + header + meta[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    b
+}
+
 #[test]
 fn every_subcommand_rejects_bad_input_clearly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -111,6 +122,13 @@ fn every_subcommand_rejects_bad_input_clearly() {
         Some(&half(&toy.join("model.safetensors"))),
     );
     let m_no_weights = broken_model(d, "m-no-weights", "model.safetensors", None);
+    let nan_tensor = "model.decoder.layers.0.fc1.weight";
+    let m_nan = broken_model(
+        d,
+        "m-nan",
+        "model.safetensors",
+        Some(&with_nan(&toy.join("model.safetensors"), nan_tensor)),
+    );
     let m_config = broken_model(d, "m-config", "config.json", Some(b"{\"d_model\": 16,"));
     let m_config_type = broken_model(
         d,
@@ -503,6 +521,11 @@ fn every_subcommand_rejects_bad_input_clearly() {
             "translate: truncated safetensors",
             &m_weights,
             fails(&["m-weights/model.safetensors", "not a valid safetensors"]),
+        ),
+        translate_row(
+            "translate: a NaN weight",
+            &m_nan,
+            fails(&["m-nan/model.safetensors", nan_tensor, "NaN or infinite"]),
         ),
         translate_row(
             "translate: no weights",

@@ -344,6 +344,7 @@ impl Mapped {
         let view =
             safetensors::tensor::TensorView::new(*dtype, shape.clone(), &self.map[bytes.clone()])?;
         let t = candle_core::safetensors::Load::load(&view, device)?;
+        check_finite(&t)?;
         // The copy is made: the file's pages can leave this process (they stay in the page
         // cache). Only a hint; on failure they stay until the unmapping.
         // SAFETY: no reference into these bytes outlives `view`, and the mapping is read-only,
@@ -369,7 +370,10 @@ impl Tensors {
             candle_core::pickle::read_all(path)
                 .map_err(|e| anyhow!("{}: not a valid PyTorch weights file: {e}", path.display()))?
                 .into_iter()
-                .map(|(k, t)| Ok((k, t.to_device(device)?)))
+                .map(|(k, t)| {
+                    check_finite(&t).with_context(|| format!("{}: tensor {k}", path.display()))?;
+                    Ok((k, t.to_device(device)?))
+                })
                 .collect::<Result<_>>()
                 .map(Tensors::Memory)
         } else {
@@ -398,6 +402,26 @@ impl Tensors {
             Tensors::Mapped(m) => m.index.get(name).map(|e| m.copy_out(e, device)).transpose(),
         }
     }
+}
+
+/// Fails if `t` holds a NaN or an infinity: a damaged checkpoint, or one saved after training
+/// diverged, would otherwise load and translate, silently wrong (a NaN weight in a ReLU layer
+/// reads as zero).
+fn check_finite(t: &Tensor) -> Result<()> {
+    if !t.dtype().is_float() {
+        return Ok(());
+    }
+    // 0 · x is 0 for every finite x and NaN for a NaN or an infinity, and so is the sum: one
+    // scalar comes back from the device.
+    let sum = t
+        .affine(0.0, 0.0)?
+        .sum_all()?
+        .to_dtype(DType::F32)?
+        .to_scalar::<f32>()?;
+    if sum.is_nan() {
+        bail!("holds NaN or infinite values: the checkpoint is damaged (was it saved after training diverged?)");
+    }
+    Ok(())
 }
 
 fn uniform(rng: &mut Rng) -> f64 {
