@@ -42,6 +42,8 @@ fuzz_target!(|data: &[u8]| {
             head: None,
             position: Default::default(),
         }),
+        // One search, or two side by side.
+        workers: 1 + input.len() % 2,
     };
     let format = OutputFormat {
         nbest: false,
@@ -54,7 +56,7 @@ fuzz_target!(|data: &[u8]| {
         LineReader::from_reader(Path::new("<stdin>"), Box::new(Cursor::new(input.to_vec())));
     let mut out = Vec::new();
     let batch = 1 + usize::from(knobs >> 6);
-    match stream(model, reader, &mut out, batch, &opts, &format) {
+    match stream(model, reader, &mut out, batch, false, &opts, &format) {
         Ok(()) => {
             let lines = input.split(|&b| b == b'\n').count()
                 - usize::from(input.last() == Some(&b'\n') || input.is_empty());
