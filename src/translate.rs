@@ -311,11 +311,26 @@ fn hypothesis(
     alignment: Option<WordAlignment>,
 ) -> Result<Hypothesis> {
     Ok(Hypothesis {
-        text: tokenizer.decode(ids)?,
+        text: one_line(tokenizer.decode(ids)?),
         score,
         tokens: ids.len(),
         alignment,
     })
+}
+
+/// `text` with each control character (line breaks, tabs; Unicode's Cc) and each line or
+/// paragraph separator (U+2028, U+2029) made a space. A model can emit them as byte pieces
+/// (`<0x0A>`) however it was trained; written as they are, a line break would split a
+/// translation over two output lines and misalign every line after it, a tab the `--scores`
+/// columns.
+fn one_line(text: String) -> String {
+    let breaks = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if !text.contains(breaks) {
+        return text;
+    }
+    text.chars()
+        .map(|c| if breaks(c) { ' ' } else { c })
+        .collect()
 }
 
 /// Whether [`GreedyTranslator`] serves searches with `opts`: greedy, without alignments.

@@ -222,6 +222,51 @@ fn translate_streams_keeps_alignment_and_handles_odd_input() {
 }
 
 #[test]
+fn a_translation_is_one_line_whatever_pieces_the_model_emits() {
+    // The toy model made to emit the byte pieces of a line break and a tab (<0x0A>, <0x09>):
+    // written as they are, one input line would come out as several.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    std::fs::create_dir(&model).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(toy().join(f), model.join(f)).unwrap();
+    }
+    let dev = Device::Cpu;
+    let mut tensors =
+        candle_core::safetensors::load(toy().join("model.safetensors"), &dev).unwrap();
+    let mut bias = vec![0f32; 330];
+    (bias[12], bias[11]) = (40.0, 39.5);
+    tensors.insert(
+        "final_logits_bias".into(),
+        Tensor::from_vec(bias, (1, 330), &dev).unwrap(),
+    );
+    candle_core::safetensors::save(&tensors, model.join("model.safetensors")).unwrap();
+    for beam in ["1", "3"] {
+        let out = nmt_ok(
+            &[
+                "translate",
+                "--model",
+                s(&model),
+                "--beam",
+                beam,
+                "--scores",
+            ],
+            b"1 2 3\n4 5\n",
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "beam {beam}: {out:?}");
+        for line in lines {
+            let (text, score) = line.rsplit_once('\t').unwrap();
+            score.parse::<f64>().unwrap();
+            assert!(
+                !text.is_empty() && text.trim().is_empty(),
+                "beam {beam}: {line:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn sorting_a_window_of_lines_into_batches_keeps_the_output_order() {
     let model = toy();
     let input = "1 2 3 4 5 6 7 8\n9\n\n10 11 12 13\n14 15\n16 17 18 19 20 21\n22\n";
