@@ -116,9 +116,9 @@ fn tokenize_decode(args: EncodeArgs) -> Result<()> {
 }
 
 /// A hypothesis or reference file as sacreBLEU's command line reads it: trailing whitespace
-/// removed from every line.
+/// removed from every line, a byte-order mark kept.
 fn read_scored(path: &Path) -> Result<Corpus> {
-    let mut c = read_corpus(path)?;
+    let mut c = Corpus::read(LineReader::open(path)?.keeping_bom())?;
     for line in &mut c.lines {
         line.truncate(py_rstrip(line).len());
     }
@@ -130,7 +130,7 @@ fn read_hypotheses(path: Option<&Path>) -> Result<Corpus> {
         Some(p) => read_scored(p)?,
         None => {
             let mut lines = Vec::new();
-            for line in stdin_lines() {
+            for line in stdin_lines().keeping_bom() {
                 lines.push(py_rstrip(&line?).to_string());
             }
             let empty = lines.iter().filter(|l| l.is_empty()).count();

@@ -193,6 +193,13 @@ fn translate_streams_keeps_alignment_and_handles_odd_input() {
     let out = nmt_ok(&["translate", "--model", s(&model), "--json"], b"1 2\n");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["source"], "1 2");
+    // A byte-order mark at the start of the input is not text to translate.
+    let plain = nmt_ok(&["translate", "--model", s(&model)], b"1 2 3\n1 2 3\n");
+    let bom = nmt_ok(
+        &["translate", "--model", s(&model)],
+        b"\xef\xbb\xbf1 2 3\n1 2 3\n",
+    );
+    assert_eq!(bom, plain);
     // A very long line is truncated with a warning, not a failure.
     let long = "1 ".repeat(2000) + "\n";
     let o = common::nmt(&["translate", "--model", s(&model)], long.as_bytes());

@@ -1,6 +1,7 @@
 //! Corpus reading shared by every command: plain or gzip files (detected by magic bytes), one
-//! sentence per line, CRLF stripped, strict UTF-8 with errors that name the file, line and byte
-//! offset. This module reads text; it knows nothing about tokenizers or tensors.
+//! sentence per line, CRLF stripped, a leading UTF-8 byte-order mark skipped, strict UTF-8 with
+//! errors that name the file, line and byte offset. This module reads text; it knows nothing
+//! about tokenizers or tensors.
 
 use anyhow::{bail, Context, Result};
 use flate2::read::MultiGzDecoder;
@@ -19,7 +20,11 @@ pub struct LineReader {
     offset: u64,
     buf: Vec<u8>,
     file_bytes: Arc<AtomicU64>,
+    keep_bom: bool,
 }
+
+/// The UTF-8 byte-order mark (U+FEFF) that Windows editors put at the start of a file.
+const BOM: &[u8] = b"\xef\xbb\xbf";
 
 /// A reader that counts the bytes read through it.
 struct Counted<R> {
@@ -90,6 +95,18 @@ impl LineReader {
             offset: 0,
             buf: Vec::new(),
             file_bytes: Arc::default(),
+            keep_bom: false,
+        }
+    }
+
+    /// Keeps a byte-order mark at the start of the input as the first line's first character
+    /// (U+FEFF), as sacreBLEU reads files: for the files `eval` scores. Every other reader
+    /// skips it: it marks the encoding, and left in a line to translate or train on it would
+    /// be tokenized as text and change the first line's translation.
+    pub fn keeping_bom(self) -> Self {
+        Self {
+            keep_bom: true,
+            ..self
         }
     }
 
@@ -131,8 +148,12 @@ impl LineReader {
             return Ok(None);
         }
         self.line_no += 1;
-        let start = self.offset;
+        let mut start = self.offset;
         self.offset += n as u64;
+        if self.line_no == 1 && !self.keep_bom && self.buf.starts_with(BOM) {
+            self.buf.drain(..BOM.len());
+            start += BOM.len() as u64;
+        }
         if self.buf.last() == Some(&b'\n') {
             self.buf.pop();
             if self.buf.last() == Some(&b'\r') {
@@ -177,16 +198,7 @@ pub struct Corpus {
 
 /// Reads a whole corpus file.
 pub fn read_corpus(path: &Path) -> Result<Corpus> {
-    let mut reader = LineReader::open(path)?;
-    let mut lines = Vec::new();
-    while let Some(line) = reader.next_line()? {
-        lines.push(line);
-    }
-    Ok(Corpus {
-        path: path.to_path_buf(),
-        lines,
-        empty: reader.empty_lines(),
-    })
+    Corpus::read(LineReader::open(path)?)
 }
 
 /// Reads two sides of a parallel corpus and checks they have the same number of lines.
@@ -209,6 +221,19 @@ pub fn misaligned(a: (&Path, usize), b: (&Path, usize), why: &str) -> anyhow::Er
 }
 
 impl Corpus {
+    /// Every line of `reader`.
+    pub fn read(mut reader: LineReader) -> Result<Self> {
+        let mut lines = Vec::new();
+        while let Some(line) = reader.next_line()? {
+            lines.push(line);
+        }
+        Ok(Corpus {
+            path: reader.path.clone(),
+            lines,
+            empty: reader.empty_lines(),
+        })
+    }
+
     /// Fails, naming both files and their line counts, unless `other` has as many lines.
     pub fn check_aligned(&self, other: &Corpus, why: &str) -> Result<()> {
         if self.lines.len() != other.lines.len() {
@@ -267,6 +292,22 @@ mod tests {
         let err = read_corpus(&p).unwrap_err().to_string();
         assert!(
             err.contains("bad.txt:2: invalid UTF-8 at byte offset 7"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_skipped_unless_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "bom.txt", b"\xef\xbb\xbfone\n\xef\xbb\xbftwo\n");
+        assert_eq!(read_corpus(&p).unwrap().lines, vec!["one", "\u{feff}two"]);
+        let kept = Corpus::read(LineReader::open(&p).unwrap().keeping_bom()).unwrap();
+        assert_eq!(kept.lines, vec!["\u{feff}one", "\u{feff}two"]);
+        // Offsets still count the file's bytes.
+        let p = write(dir.path(), "bad.txt", b"\xef\xbb\xbfab\xffc\n");
+        let err = read_corpus(&p).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.txt:1: invalid UTF-8 at byte offset 5 (byte 3 of the line)"),
             "{err}"
         );
     }
