@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One line naming this machine's CPU, its core count and the SIMD features that nmt's and the
-# peers' kernels choose between, for benchmark output (figures hold only for the CPU measured).
+# One line naming this machine's CPU, its core count, the SIMD features that nmt's and the
+# peers' kernels choose between and its data caches, for benchmark output (figures hold only
+# for the CPU measured).
 set -euo pipefail
 model=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 # Hypervisors often hide the marketing name ("AMD EPYC"); family and model tell the generation
@@ -16,4 +17,12 @@ caps=""
 for v in NMT_CPU_ISA CT2_FORCE_CPU_ISA ONEDNN_MAX_CPU_ISA MKL_ENABLE_INSTRUCTIONS; do
   [ -n "${!v:-}" ] && caps="$caps $v=${!v}"
 done
-echo "cpu: $model (family $family model $number); $(nproc) cores; simd:$simd${caps:+; kernels capped:$caps}"
+# Cache sizes and ways, as the matrix-product libraries size their blocks by them.
+caches=""
+for d in /sys/devices/system/cpu/cpu0/cache/index*; do
+  [ -r "$d/level" ] || continue
+  [ "$(cat "$d/type")" = Instruction ] && continue
+  name=L$(cat "$d/level"); [ "$(cat "$d/type")" = Data ] && name=${name}d
+  caches="$caches $name $(cat "$d/size")/$(cat "$d/ways_of_associativity" 2>/dev/null || echo ?)-way"
+done
+echo "cpu: $model (family $family model $number); $(nproc) cores; simd:$simd${caps:+; kernels capped:$caps}${caches:+; caches:$caches}"
