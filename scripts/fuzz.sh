@@ -4,7 +4,8 @@
 # corpus goes to tests/fuzz/corpus/TARGET and any crash to tests/fuzz/artifacts/TARGET.
 #   scripts/fuzz.sh [TARGET...] [--seconds N] [--jobs J]
 # Targets: corpus_reader metric_tokenizers spm_model config translate_input weights_file
-# (default: all); weights_file also starts from the toy fixture's model.safetensors.
+# tokenizer_file (default: all); weights_file and tokenizer_file also start from the toy
+# fixture's model.safetensors and tokenizer.json.
 # Needs cargo-fuzz (cargo install cargo-fuzz). It works on the stable toolchain: libFuzzer's
 # coverage flags are stable, and RUSTC_BOOTSTRAP=1 admits the one unstable flag cargo-fuzz
 # passes; we fuzz without a sanitizer (-s none), looking for panics, aborts and hangs.
@@ -19,7 +20,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(corpus_reader metric_tokenizers spm_model config translate_input weights_file)
+[ ${#targets[@]} -gt 0 ] || targets=(corpus_reader metric_tokenizers spm_model config translate_input weights_file tokenizer_file)
 cd "$root"
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build --fuzz-dir tests/fuzz -s none
@@ -27,9 +28,14 @@ run() {
   local t=$1
   mkdir -p "tests/fuzz/corpus/$t"
   local seeds=("tests/fuzz/seeds/$t")
-  if [ "$t" = weights_file ]; then
-    mkdir -p tests/fuzz/seeds-fixture && cp tests/fixtures/nmt-toy/model.safetensors tests/fuzz/seeds-fixture/
-    seeds+=(tests/fuzz/seeds-fixture)
+  local from=""
+  case "$t" in
+    weights_file) from=model.safetensors ;;
+    tokenizer_file) from=tokenizer.json ;;
+  esac
+  if [ -n "$from" ]; then
+    mkdir -p "tests/fuzz/seeds-fixture/$t" && cp "tests/fixtures/nmt-toy/$from" "tests/fuzz/seeds-fixture/$t/"
+    seeds+=("tests/fuzz/seeds-fixture/$t")
   fi
   cargo fuzz run --fuzz-dir tests/fuzz -s none "$t" "tests/fuzz/corpus/$t" "${seeds[@]}" -- \
     -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 -print_final_stats=1 \
