@@ -142,6 +142,20 @@ fn every_subcommand_rejects_bad_input_clearly() {
         "tokenizer.json",
         Some(&half(&toy.join("tokenizer.json"))),
     );
+    // A syntax error inside the "decoder" object (the tokenizers crate panics on it).
+    let toy_tok = std::fs::read_to_string(toy.join("tokenizer.json")).unwrap();
+    let at = toy_tok.find("\"decoder\"").unwrap();
+    let broken_decoder = format!(
+        "{}{}",
+        &toy_tok[..at],
+        toy_tok[at..].replacen("\"type\": \"Replace\"", "\"type\" \"Replace\"", 1)
+    );
+    let m_tok_decoder = broken_model(
+        d,
+        "m-tok-decoder",
+        "tokenizer.json",
+        Some(broken_decoder.as_bytes()),
+    );
     let other_tok = d.join("other-tok.json");
     common::nmt_ok(
         &[
@@ -546,6 +560,11 @@ fn every_subcommand_rejects_bad_input_clearly() {
             "translate: truncated tokenizer.json",
             &m_tok,
             fails(&["m-tok/tokenizer.json", "not a valid tokenizer.json"]),
+        ),
+        translate_row(
+            "translate: tokenizer.json with a syntax error in its decoder",
+            &m_tok_decoder,
+            fails(&["m-tok-decoder/tokenizer.json", "expected `:` at line 73"]),
         ),
         translate_row(
             "translate: tokenizer and model disagree",

@@ -278,8 +278,13 @@ impl SubwordTokenizer {
         let bytes = crate::io::read_input(path, "tokenizer.json")?;
         let text = String::from_utf8(bytes)
             .map_err(|_| anyhow!("{}: not a valid tokenizer.json (not UTF-8)", path.display()))?;
-        let tok = Tokenizer::from_str(&text)
-            .map_err(|e| anyhow!("{}: not a valid tokenizer.json: {e}", path.display()))?;
+        let invalid = |e: &dyn std::fmt::Display| {
+            anyhow!("{}: not a valid tokenizer.json: {e}", path.display())
+        };
+        // JSON syntax first: the tokenizers crate panics on a syntax error inside its
+        // "decoder" object instead of returning it.
+        serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|e| invalid(&e))?;
+        let tok = Tokenizer::from_str(&text).map_err(|e| invalid(&e))?;
         Self::from_tokenizer(tok, path)
     }
 
