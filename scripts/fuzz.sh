@@ -4,8 +4,8 @@
 # corpus goes to tests/fuzz/corpus/TARGET and any crash to tests/fuzz/artifacts/TARGET.
 #   scripts/fuzz.sh [TARGET...] [--seconds N] [--jobs J]
 # Targets: corpus_reader metric_tokenizers spm_model config translate_input weights_file
-# tokenizer_file (default: all); weights_file and tokenizer_file also start from the toy
-# fixture's model.safetensors and tokenizer.json.
+# tokenizer_file serve_request (default: all); weights_file and tokenizer_file also start
+# from the toy fixture's model.safetensors and tokenizer.json.
 # Needs cargo-fuzz (cargo install cargo-fuzz). It works on the stable toolchain: libFuzzer's
 # coverage flags are stable, and RUSTC_BOOTSTRAP=1 admits the one unstable flag cargo-fuzz
 # passes; we fuzz without a sanitizer (-s none), looking for panics, aborts and hangs.
@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(corpus_reader metric_tokenizers spm_model config translate_input weights_file tokenizer_file)
+[ ${#targets[@]} -gt 0 ] || targets=(corpus_reader metric_tokenizers spm_model config translate_input weights_file tokenizer_file serve_request)
 cd "$root"
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build --fuzz-dir tests/fuzz -s none
