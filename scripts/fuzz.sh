@@ -4,8 +4,8 @@
 # corpus goes to tests/fuzz/corpus/TARGET and any crash to tests/fuzz/artifacts/TARGET.
 #   scripts/fuzz.sh [TARGET...] [--seconds N] [--jobs J]
 # Targets: corpus_reader metric_tokenizers spm_model config translate_input weights_file
-# tokenizer_file serve_request (default: all); weights_file and tokenizer_file also start
-# from the toy fixture's model.safetensors and tokenizer.json.
+# pytorch_file tokenizer_file serve_request (default: all); the weights and tokenizer targets
+# also start from the fixtures' own files.
 # Needs cargo-fuzz (cargo install cargo-fuzz). It works on the stable toolchain: libFuzzer's
 # coverage flags are stable, and RUSTC_BOOTSTRAP=1 admits the one unstable flag cargo-fuzz
 # passes; we fuzz without a sanitizer (-s none), looking for panics, aborts and hangs.
@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(corpus_reader metric_tokenizers spm_model config translate_input weights_file tokenizer_file serve_request)
+[ ${#targets[@]} -gt 0 ] || targets=(corpus_reader metric_tokenizers spm_model config translate_input weights_file pytorch_file tokenizer_file serve_request)
 cd "$root"
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build --fuzz-dir tests/fuzz -s none
@@ -30,11 +30,12 @@ run() {
   local seeds=("tests/fuzz/seeds/$t")
   local from=""
   case "$t" in
-    weights_file) from=model.safetensors ;;
-    tokenizer_file) from=tokenizer.json ;;
+    weights_file) from=nmt-toy/model.safetensors ;;
+    pytorch_file) from=opus-tiny/pytorch_model.bin ;;
+    tokenizer_file) from=nmt-toy/tokenizer.json ;;
   esac
   if [ -n "$from" ]; then
-    mkdir -p "tests/fuzz/seeds-fixture/$t" && cp "tests/fixtures/nmt-toy/$from" "tests/fuzz/seeds-fixture/$t/"
+    mkdir -p "tests/fuzz/seeds-fixture/$t" && cp "tests/fixtures/$from" "tests/fuzz/seeds-fixture/$t/"
     seeds+=("tests/fuzz/seeds-fixture/$t")
   fi
   cargo fuzz run --fuzz-dir tests/fuzz -s none "$t" "tests/fuzz/corpus/$t" "${seeds[@]}" -- \
