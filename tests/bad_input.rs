@@ -156,6 +156,19 @@ fn every_subcommand_rejects_bad_input_clearly() {
         "tokenizer.json",
         Some(broken_decoder.as_bytes()),
     );
+    // A merge making a piece the vocabulary lacks, longer than every piece (the tokenizers
+    // crate indexes past a buffer on it).
+    let mut bad_merge: serde_json::Value = serde_json::from_str(&toy_tok).unwrap();
+    bad_merge["model"]["merges"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(["▁zer", "ive"]));
+    let m_tok_merge = broken_model(
+        d,
+        "m-tok-merge",
+        "tokenizer.json",
+        Some(bad_merge.to_string().as_bytes()),
+    );
     let other_tok = d.join("other-tok.json");
     common::nmt_ok(
         &[
@@ -565,6 +578,14 @@ fn every_subcommand_rejects_bad_input_clearly() {
             "translate: tokenizer.json with a syntax error in its decoder",
             &m_tok_decoder,
             fails(&["m-tok-decoder/tokenizer.json", "expected `:` at line 73"]),
+        ),
+        translate_row(
+            "translate: tokenizer.json with a merge outside its vocabulary",
+            &m_tok_merge,
+            fails(&[
+                "m-tok-merge/tokenizer.json",
+                "(\"▁zer\" + \"ive\") makes a piece that is not in the vocabulary",
+            ]),
         ),
         translate_row(
             "translate: tokenizer and model disagree",

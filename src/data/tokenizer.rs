@@ -272,6 +272,45 @@ pub fn train(inputs: &[PathBuf], opts: &TrainOptions) -> Result<SubwordTokenizer
     SubwordTokenizer::from_tokenizer(tok, Path::new("<trained>"))
 }
 
+/// Fails on a BPE merge (of `tokenizer.json`'s model) that makes a piece the vocabulary lacks,
+/// joined as the tokenizers crate joins it (the second part without the model's
+/// `continuing_subword_prefix`). Merges in a form the crate does not read are left to it.
+fn check_merges(tokenizer: &serde_json::Value) -> std::result::Result<(), String> {
+    let model = &tokenizer["model"];
+    let (Some(vocab), Some(merges)) = (model["vocab"].as_object(), model["merges"].as_array())
+    else {
+        return Ok(());
+    };
+    if model["type"] != "BPE" {
+        return Ok(());
+    }
+    let prefix = model["continuing_subword_prefix"]
+        .as_str()
+        .unwrap_or("")
+        .len();
+    for (i, merge) in merges.iter().enumerate() {
+        let (a, b) = match merge {
+            serde_json::Value::Array(p) if p.len() == 2 => match (p[0].as_str(), p[1].as_str()) {
+                (Some(a), Some(b)) => (a, b),
+                _ => continue,
+            },
+            serde_json::Value::String(s) => match s.split_once(' ') {
+                Some(pair) => pair,
+                None => continue,
+            },
+            _ => continue,
+        };
+        let piece = b.get(prefix..).map(|rest| format!("{a}{rest}"));
+        if !piece.is_some_and(|p| vocab.contains_key(&p)) {
+            return Err(format!(
+                "merge {} ({a:?} + {b:?}) makes a piece that is not in the vocabulary",
+                i + 1
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl SubwordTokenizer {
     /// Loads a `tokenizer.json` and finds its special tokens.
     pub fn load(path: &Path) -> Result<Self> {
@@ -281,10 +320,22 @@ impl SubwordTokenizer {
         let invalid = |e: &dyn std::fmt::Display| {
             anyhow!("{}: not a valid tokenizer.json: {e}", path.display())
         };
-        // JSON syntax first: the tokenizers crate panics on a syntax error inside its
-        // "decoder" object instead of returning it.
-        serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|e| invalid(&e))?;
-        let tok = Tokenizer::from_str(&text).map_err(|e| invalid(&e))?;
+        // JSON syntax and BPE merges first: the tokenizers crate panics on a syntax error
+        // inside its "decoder" object, and on a merge whose piece is not in the vocabulary
+        // and longer than every piece that is, instead of returning an error.
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(&e))?;
+        check_merges(&value).map_err(|e| invalid(&e))?;
+        // Any other panic of its checks of a malformed file becomes this file's error.
+        let tok = std::panic::catch_unwind(|| Tokenizer::from_str(&text))
+            .map_err(|panic| {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic");
+                invalid(&format!("the tokenizers library failed on it ({what})"))
+            })?
+            .map_err(|e| invalid(&e))?;
         Self::from_tokenizer(tok, path)
     }
 
