@@ -208,19 +208,23 @@ fn an_opus_mt_model_fine_tunes_with_its_own_sentencepiece_files() {
         "A woman wears a hat.",
     ];
     let (src, tgt) = (dir.path().join("t.de"), dir.path().join("t.en"));
+    // Plus one pair longer than the model's 64 positions, which training must leave out and
+    // validation truncate (as translate does), not fail on.
     let many = |lines: &[&str]| {
-        lines
+        let mut text: String = lines
             .iter()
             .cycle()
             .take(60)
             .map(|l| format!("{l}\n"))
-            .collect::<String>()
+            .collect();
+        text.push_str(&(lines.join(" ").repeat(4) + "\n"));
+        text
     };
     std::fs::write(&src, many(&de)).unwrap();
     std::fs::write(&tgt, many(&en)).unwrap();
     let opus = common::fixture("opus-tiny");
     let run = dir.path().join("run");
-    nmt_ok(
+    let said = common::nmt(
         &[
             "train",
             "--init",
@@ -237,11 +241,22 @@ fn an_opus_mt_model_fine_tunes_with_its_own_sentencepiece_files() {
             s(&run),
             "--max-steps",
             "3",
+            "--valid-every",
+            "1",
             "--max-tokens",
             "256",
         ],
         b"",
     );
+    let err = String::from_utf8_lossy(&said.stderr);
+    assert!(said.status.success(), "{err}");
+    assert!(err.contains("max_len 128 lowered to 64"), "{err}");
+    assert!(
+        err.contains("(1 dropped: 0 empty, 1 longer than 64 tokens"),
+        "{err}"
+    );
+    let truncated = "validation: 1 source lines longer than the model's 64 positions are truncated";
+    assert_eq!(err.matches(truncated).count(), 1, "{err}");
     for ckpt in ["checkpoints/step-00000000", "last"] {
         for f in [
             "source.spm",
@@ -275,6 +290,18 @@ fn an_opus_mt_model_fine_tunes_with_its_own_sentencepiece_files() {
         de[1].as_bytes(),
     );
     assert_eq!(before, step0);
+    // Its checkpoints average into a model with the same files, which translates.
+    let avg = dir.path().join("avg");
+    nmt_ok(&["average", "--run", s(&run), "--output", s(&avg)], b"");
+    for f in ["source.spm", "target.spm", "vocab.json"] {
+        assert_eq!(
+            std::fs::read(avg.join(f)).unwrap(),
+            std::fs::read(opus.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let out = nmt_ok(&["translate", "--model", s(&avg)], de[0].as_bytes());
+    assert_eq!(out.lines().count(), 1);
 }
 
 /// An OPUS-MT checkpoint fine-tuned by nmt (tests/fixtures/opus-tiny-finetuned: its weights

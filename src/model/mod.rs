@@ -408,6 +408,13 @@ impl Seq2Seq {
     /// Scaled token embeddings plus positions `offset..offset+T`: (B, T) ids → (B, T, d).
     fn embed(&self, ids: &Tensor, offset: usize, drop: &Dropout) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
+        let positions = self.config.max_position_embeddings;
+        if offset + t > positions {
+            anyhow::bail!(
+                "a sequence of {} positions is longer than the model's {positions} (max_position_embeddings)",
+                offset + t
+            );
+        }
         let pos = self.positions.narrow(0, offset, t)?;
         let mask = drop.mask(b * t * self.config.d_model, self.config.dropout);
         Ok(ops::embed(&self.shared, ids, &pos, self.embed_scale, mask)?)

@@ -104,6 +104,25 @@ fn model_config(cfg: &TrainConfig, tok: &SubwordTokenizer) -> ModelConfig {
     m
 }
 
+/// The training settings for a model of `start`'s number of positions: a model read from a
+/// checkpoint (fine-tuned or resumed) keeps its own, and no training or validation pair may
+/// be longer, so `max_len` is lowered to it where it is longer (with a note).
+fn fit_positions(cfg: &TrainConfig, start: Option<&ModelConfig>) -> TrainConfig {
+    let mut cfg = cfg.clone();
+    if let Some(m) = start {
+        let positions = m.max_position_embeddings;
+        if cfg.max_len > positions {
+            eprintln!(
+                "max_len {} lowered to {positions}: the model has {positions} positions",
+                cfg.max_len
+            );
+            cfg.max_len = positions;
+        }
+        cfg.max_positions = positions;
+    }
+    cfg
+}
+
 /// Validation results.
 struct Validation {
     loss: f64,
@@ -122,6 +141,9 @@ struct Trainer<'a> {
     tokenizer_files: Option<PathBuf>,
     /// Guided alignment, when training with it.
     guide: Option<crate::align::guided::Guide>,
+    /// Whether validation has said that it truncates sources longer than the model's
+    /// positions (said once, not at every validation).
+    truncation_said: std::cell::Cell<bool>,
 }
 
 impl Trainer<'_> {
@@ -187,11 +209,21 @@ impl Trainer<'_> {
             n += b.n_tokens;
         }
         // Greedy, through the path `nmt translate` takes.
-        let hyps: Vec<String> = crate::translate::translate_batch(
+        let mut truncated = 0;
+        let sources =
+            crate::translate::encode_sources(&self.model, &self.tok, &valid.sources, |_, _, _| {
+                truncated += 1
+            })?;
+        if truncated > 0 && !self.truncation_said.replace(true) {
+            eprintln!(
+                "validation: {truncated} source lines longer than the model's {} positions are truncated, as `nmt translate` does",
+                self.model_config.max_position_embeddings
+            );
+        }
+        let hyps: Vec<String> = crate::translate::translate_sources(
             &self.model,
             &self.tok,
-            &valid.sources,
-            1,
+            &sources,
             &SearchOptions::default(),
         )?
         .into_iter()
@@ -220,8 +252,7 @@ impl Trainer<'_> {
 
 /// Runs a training job.
 pub fn run(job: &TrainJob) -> Result<Outcome> {
-    let cfg = &job.config;
-    cfg.validate()?;
+    job.config.validate()?;
     check_writable(&job.out)?;
     let last = job.out.join("last");
     let resume_state: Option<TrainerState> = if job.resume {
@@ -250,6 +281,19 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
             .with_context(|| format!("{}: cannot create", kept_tokenizer.display()))?;
         checkpoint::folder::copy_tokenizer_files(dir, &kept_tokenizer)?;
     }
+    // A resumed run continues its own model, a fine-tuned one starts from the given model's.
+    let start_config = match (&init_dir, job.resume) {
+        (_, true) => Some(ModelConfig::load(&last.join("config.json"))?),
+        (Some(dir), false) => {
+            eprintln!(
+                "fine-tuning {}: architecture, dropout and tokenizer from the model, a fresh optimizer and schedule",
+                dir.display()
+            );
+            Some(ModelConfig::load(&dir.join("config.json"))?)
+        }
+        (None, false) => None,
+    };
+    let cfg = &fit_positions(&job.config, start_config.as_ref());
     let data_start = Instant::now();
     let (tok, mixture, valid) = data::load(
         cfg,
@@ -261,20 +305,15 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
     for (name, bytes) in tok.model_files()? {
         crate::io::write_atomic(&job.out.join(name), &bytes)?;
     }
-    let mut model_config = match (&init_dir, job.resume) {
-        (_, true) => ModelConfig::load(&last.join("config.json"))?,
-        (Some(dir), false) => {
-            eprintln!(
-                "fine-tuning {}: architecture, dropout and tokenizer from the model, a fresh optimizer and schedule",
-                dir.display()
-            );
-            let mut c = ModelConfig::load(&dir.join("config.json"))?;
+    let mut model_config = match (start_config, job.resume) {
+        (Some(c), true) => c,
+        (Some(mut c), false) => {
             if let Some(p) = job.dropout {
                 c.dropout = p;
             }
             c
         }
-        (None, false) => model_config(cfg, &tok),
+        (None, _) => model_config(cfg, &tok),
     };
     if model_config.vocab_size != tok.vocab_size() {
         bail!(
@@ -423,6 +462,7 @@ pub fn run(job: &TrainJob) -> Result<Outcome> {
         tok,
         tokenizer_files: kept_tokenizer.is_dir().then_some(kept_tokenizer),
         guide,
+        truncation_said: Default::default(),
     };
     train_loop(
         &mut trainer,
