@@ -28,7 +28,7 @@ start=$(date +%s)
 $nmt train --src "$data/train.$src.gz" --tgt "$data/train.$tgt.gz" --valid-src "$data/val.$src.gz" --valid-tgt "$data/val.$tgt.gz" \
   --tokenizer "$out/tokenizer.json" --config "$config" --max-time "$max_time" --out "$out/model" "${resume[@]}" "$@"
 echo "training took $(( $(date +%s) - start )) s"
-$nmt average --run "$out/model" --last 5 --output "$out/averaged"
+$nmt average --run "$out/model" --last 5 --output "$out/averaged" --force
 best_bleu() { zcat -f "$data/val.$src.gz" | $nmt translate --model "$1" --beam 5 | $nmt eval --ref "$data/val.$tgt.gz" --json | python3 -c "import json,sys; print(json.load(sys.stdin)[0]['score'])"; }
 b1=$(best_bleu "$out/model/best"); b2=$(best_bleu "$out/averaged")
 final=$out/model/best; python3 -c "import sys; sys.exit(0 if $b2 > $b1 else 1)" && final=$out/averaged

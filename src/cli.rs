@@ -412,6 +412,9 @@ pub struct AverageArgs {
     /// Output checkpoint folder.
     #[arg(long, value_name = "DIR")]
     pub output: PathBuf,
+    /// Replace an existing folder at --output (never one of the checkpoints averaged).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `nmt translate`

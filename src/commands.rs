@@ -529,11 +529,40 @@ pub fn average(args: AverageArgs) -> Result<()> {
         }
         None => args.checkpoints.clone(),
     };
-    crate::checkpoint::average(&inputs, &args.output)?;
+    // The output folder is replaced whole: it must not hold what a user wrote, nor a
+    // checkpoint being averaged (a run's own, with its optimizer state).
+    let out = &args.output;
+    if let Ok(target) = out.canonicalize() {
+        if let Some(input) = inputs
+            .iter()
+            .find(|i| i.canonicalize().is_ok_and(|i| i == target))
+        {
+            bail!(
+                "--output {} is {}, one of the checkpoints being averaged: give another folder",
+                out.display(),
+                input.display()
+            );
+        }
+    }
+    let holds_files = out.is_file() || std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some());
+    if holds_files && !args.force {
+        bail!(
+            "{} already exists: use --force to replace it, or another --output",
+            out.display()
+        );
+    }
+    crate::checkpoint::average(&inputs, out)?;
+    let asked = match &args.run {
+        Some(_) if inputs.len() < args.last => {
+            format!(" (--last {}: the run has no more)", args.last)
+        }
+        _ => String::new(),
+    };
     eprintln!(
-        "averaged {} checkpoints into {}",
+        "averaged {} checkpoint{}{asked} into {}",
         inputs.len(),
-        args.output.display()
+        if inputs.len() == 1 { "" } else { "s" },
+        out.display()
     );
     Ok(())
 }

@@ -248,6 +248,46 @@ fn bad_input_and_misuse_are_clear_errors() {
         "{err}"
     );
     assert!(!avg.exists());
+    // Nor checkpoints of one shape whose tokenizers differ: their ids mean other pieces.
+    std::fs::write(other.join("config.json"), config).unwrap();
+    let path = other.join("tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    tok["normalizer"]["normalizers"][0]["type"] = "NFKC".into();
+    std::fs::write(&path, tok.to_string()).unwrap();
+    let last = out.join("last");
+    let average = |output: &Path, force: bool| {
+        let mut args = vec!["average", s(&last), s(&other), "--output"];
+        args.push(s(output));
+        if force {
+            args.push("--force");
+        }
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let err = run_err(average(&avg, false));
+    assert!(err.contains("its tokenizer differs"), "{err}");
+    assert!(!avg.exists());
+    // The output folder is replaced whole: not a folder holding other files without
+    // --force, and never a checkpoint being averaged (it would lose its optimizer state).
+    std::fs::copy(out.join("last/tokenizer.json"), &path).unwrap();
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), "mine").unwrap();
+    let err = run_err(average(&mine, false));
+    assert!(err.contains("already exists: use --force"), "{err}");
+    assert!(mine.join("notes.txt").exists());
+    let err = run_err(average(&other, true));
+    assert!(
+        err.contains("one of the checkpoints being averaged"),
+        "{err}"
+    );
+    assert!(other.join("optimizer.safetensors").exists());
+    let avg_args = average(&mine, true);
+    nmt_ok(
+        &avg_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        b"",
+    );
+    assert!(mine.join("model.safetensors").exists() && !mine.join("notes.txt").exists());
     // bf16 on the CPU.
     let err = run_err(
         [

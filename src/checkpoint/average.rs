@@ -1,6 +1,7 @@
 //! Checkpoint averaging: the element-wise mean of the weights of checkpoints of one model.
 
 use super::folder::Checkpoint;
+use crate::data::store::fingerprint;
 use crate::data::tokenizer::SubwordTokenizer;
 use crate::model::weights::read_tensors;
 use crate::model::ModelConfig;
@@ -16,7 +17,8 @@ pub fn average(inputs: &[PathBuf], output: &Path) -> Result<()> {
     }
     let first = &inputs[0];
     let config = ModelConfig::load(&first.join("config.json"))?;
-    let tok = SubwordTokenizer::load(&first.join("tokenizer.json"))?;
+    let tok = SubwordTokenizer::load_dir(first)?;
+    let tokenizer = fingerprint(&tok)?;
     let mut sum: HashMap<String, Tensor> = HashMap::new();
     // Every field that defines the model must agree (dropout rates and the initialisation
     // scale, which only training reads, and metadata outside the model's own may differ).
@@ -47,6 +49,13 @@ pub fn average(inputs: &[PathBuf], output: &Path) -> Result<()> {
                 dir.display(),
                 first.display(),
                 got.get(key).map_or("absent".into(), |v| v.to_string())
+            );
+        }
+        if dir != first && fingerprint(&SubwordTokenizer::load_dir(dir)?)? != tokenizer {
+            bail!(
+                "{}: its tokenizer differs from {}'s: these checkpoints are not of one model",
+                dir.display(),
+                first.display()
             );
         }
         let p = dir.join("model.safetensors");
