@@ -156,10 +156,11 @@ fn translate_file(model: &str, src: &Path, args: &EvalArgs) -> Result<Corpus> {
         crate::checkpoint::load_as(&crate::checkpoint::resolve(model)?, &device, dtype, compute)?;
     crate::runtime::keep_freed_memory_after_load();
     let opts = crate::translate::SearchOptions {
-        beam: beam.max(1),
+        beam,
         workers: search_workers(args.workers, &device)?,
         ..Default::default()
     };
+    opts.check(&loaded.model.config)?;
     let mut lines = Vec::with_capacity(source.lines.len());
     for (i, chunk) in source.lines.chunks(640).enumerate() {
         for t in crate::translate::translate_batch(
@@ -569,11 +570,8 @@ pub fn average(args: AverageArgs) -> Result<()> {
 
 /// `nmt translate`
 pub fn translate(args: TranslateArgs) -> Result<()> {
-    if args.beam == 0 || args.batch_size == 0 || args.maxi_batch == 0 {
-        bail!("--beam, --batch-size and --maxi-batch must be at least 1");
-    }
-    if args.nbest.is_some_and(|k| k == 0 || k > args.beam) {
-        bail!("--nbest must be between 1 and --beam ({})", args.beam);
+    if args.maxi_batch == 0 {
+        bail!("--maxi-batch must be at least 1");
     }
     let aligning = args.alignment.is_some() || args.attention_png.is_some();
     if !aligning && (args.alignment_layer.is_some() || args.alignment_head.is_some()) {
@@ -602,6 +600,7 @@ pub fn translate(args: TranslateArgs) -> Result<()> {
         alignment,
         workers: search_workers(args.workers, &device)?,
     };
+    opts.check(&model.model.config)?;
     let format = crate::translate::OutputFormat {
         nbest: args.nbest.is_some(),
         scores: args.scores,
@@ -683,8 +682,8 @@ fn attention_source(
 
 /// `nmt serve`
 pub fn serve(args: ServeArgs) -> Result<()> {
-    if args.beam == 0 || args.batch_size == 0 || args.batch_tokens == 0 {
-        bail!("--beam, --batch-size and --batch-tokens must be at least 1");
+    if args.batch_tokens == 0 {
+        bail!("--batch-tokens must be at least 1");
     }
     if args.max_body == 0
         || args.max_sentences == 0
@@ -728,6 +727,21 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         batch_size: args.batch_size,
         ..Default::default()
     };
+    for ((source, target), loaded) in &models {
+        let config = &loaded.model.config;
+        search
+            .check(config)
+            .with_context(|| format!("the {source}-{target} model"))?;
+        // A request's alternatives widen its beam to alternatives + 1.
+        if args.max_alternatives >= config.vocab_size / 2 {
+            bail!(
+                "--max-alternatives {}: at most {} for the {source}-{target} model (half its vocabulary of {}, less one)",
+                args.max_alternatives,
+                config.vocab_size / 2 - 1,
+                config.vocab_size
+            );
+        }
+    }
     let limits = crate::serve::api::Limits {
         body_bytes: args.max_body,
         sentences: args.max_sentences,

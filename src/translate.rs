@@ -42,6 +42,42 @@ pub struct SearchOptions {
     pub workers: usize,
 }
 
+impl SearchOptions {
+    /// Checks the settings against the model they will decode with, naming the command-line
+    /// flag of the one that cannot work: a beam wider than half the vocabulary (each step
+    /// keeps the best 2·beam continuations), an n-best list longer than the beam, or a
+    /// length penalty or output limit that is not a finite number.
+    pub fn check(&self, model: &crate::model::ModelConfig) -> Result<()> {
+        if self.beam == 0 || self.batch_size == 0 {
+            anyhow::bail!("--beam and --batch-size must be at least 1");
+        }
+        if self.nbest == 0 || self.nbest > self.beam {
+            anyhow::bail!("--nbest must be between 1 and --beam ({})", self.beam);
+        }
+        let widest = model.vocab_size / 2;
+        if self.beam > widest {
+            anyhow::bail!(
+                "--beam {}: at most {widest} for this model (half its vocabulary of {})",
+                self.beam,
+                model.vocab_size
+            );
+        }
+        if !self.length_penalty.is_finite() {
+            anyhow::bail!(
+                "--length-penalty {}: expected a number",
+                self.length_penalty
+            );
+        }
+        if !(self.max_len_a.is_finite() && self.max_len_a >= 0.0) {
+            anyhow::bail!(
+                "--max-len-a {}: expected a number of at least 0",
+                self.max_len_a
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Default for SearchOptions {
     fn default() -> Self {
         Self {

@@ -628,6 +628,28 @@ fn every_subcommand_rejects_bad_input_clearly() {
             huge_line.as_bytes(),
             works(&["truncated"]),
         ),
+        row(
+            "translate: --beam wider than half the vocabulary",
+            &[&translate(&toy)[..], &["--beam".into(), "100000".into()]].concat()[..],
+            b"1\n",
+            fails(&["--beam 100000: at most", "half its vocabulary"]),
+        ),
+        row(
+            "translate: --max-len-a inf",
+            &[&translate(&toy)[..], &["--max-len-a".into(), "inf".into()]].concat()[..],
+            b"1\n",
+            fails(&["--max-len-a inf"]),
+        ),
+        row(
+            "translate: --length-penalty NaN",
+            &[
+                &translate(&toy)[..],
+                &["--length-penalty".into(), "NaN".into()],
+            ]
+            .concat()[..],
+            b"1\n",
+            fails(&["--length-penalty NaN"]),
+        ),
         // nmt eval
         row(
             "eval: missing hypotheses",

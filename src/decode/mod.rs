@@ -347,7 +347,9 @@ impl<'m> Greedy<'m> {
 
 /// The output length limit `a·src_len + b`, within the model's positions.
 pub fn max_len(model: &Seq2Seq, src_len: usize, a: f64, b: usize) -> usize {
-    ((a * src_len as f64) as usize + b).clamp(1, model.config.max_position_embeddings)
+    ((a * src_len as f64) as usize)
+        .saturating_add(b)
+        .clamp(1, model.config.max_position_embeddings)
 }
 
 #[cfg(test)]
