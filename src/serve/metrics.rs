@@ -153,8 +153,8 @@ impl Metrics {
         s
     }
 
-    /// One line for the log: requests, sentences, batches and search steps with their mean
-    /// sentences, decoding time.
+    /// One line for the log: requests, sentences, greedy search steps and gathered batches
+    /// (those that ran) with their mean sentences, decoding time.
     pub fn summary(&self) -> String {
         let requests: u64 = self
             .requests
@@ -162,17 +162,51 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
             .values()
             .sum();
-        let batches = self.batches.load(Ordering::Relaxed);
-        let in_batches = self.batch_sentences.load(Ordering::Relaxed);
+        let mut line = format!(
+            "{requests} requests, {} sentences",
+            self.sentences.load(Ordering::Relaxed)
+        );
+        let mean =
+            |sentences: &AtomicU64, n: u64| sentences.load(Ordering::Relaxed) as f64 / n as f64;
         let steps = self.steps.load(Ordering::Relaxed);
-        let in_steps = self.step_sentences.load(Ordering::Relaxed);
-        format!(
-            "{requests} requests, {} sentences; {batches} batches (mean {:.1} sentences), {steps} search steps (mean {:.1} sentences), {:.1} s decoding, {:.0} s up",
-            self.sentences.load(Ordering::Relaxed),
-            in_batches as f64 / batches.max(1) as f64,
-            in_steps as f64 / steps.max(1) as f64,
+        if steps > 0 {
+            let m = mean(&self.step_sentences, steps);
+            line += &format!("; {steps} greedy search steps (mean {m:.1} sentences)");
+        }
+        let batches = self.batches.load(Ordering::Relaxed);
+        if batches > 0 {
+            let m = mean(&self.batch_sentences, batches);
+            line += &format!(
+                "; {batches} gathered batches (beam search, alignments; mean {m:.1} sentences)"
+            );
+        }
+        line + &format!(
+            "; {:.1} s decoding, {:.0} s up",
             self.decode_micros.load(Ordering::Relaxed) as f64 / 1e6,
             self.started.elapsed().as_secs_f64()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_only_the_kinds_of_decoding_that_ran() {
+        let m = Metrics::new();
+        m.request("/translate", 200, 3);
+        m.step(2, Duration::from_millis(1));
+        m.step(4, Duration::from_millis(1));
+        let s = m.summary();
+        assert!(
+            s.starts_with("1 requests, 3 sentences; 2 greedy search steps (mean 3.0 sentences); "),
+            "{s}"
+        );
+        assert!(!s.contains("batches"), "{s}");
+        m.batch(5, Duration::from_millis(1));
+        assert!(m
+            .summary()
+            .contains("; 1 gathered batches (beam search, alignments; mean 5.0 sentences); "));
     }
 }
