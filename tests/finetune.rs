@@ -255,7 +255,7 @@ fn an_opus_mt_model_fine_tunes_with_its_own_sentencepiece_files() {
         err.contains("(1 dropped: 0 empty, 1 longer than 64 tokens"),
         "{err}"
     );
-    let truncated = "validation: 1 source lines longer than the model's 64 positions are truncated";
+    let truncated = "(1 in all) is longer than the model's 64 positions and is truncated";
     assert_eq!(err.matches(truncated).count(), 1, "{err}");
     for ckpt in ["checkpoints/step-00000000", "last"] {
         for f in [

@@ -510,7 +510,8 @@ fn validation_translates_like_translate() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("warning: line 3:") && err.contains("truncated"),
+        err.contains("validation: source line 3 (1 in all) is longer than the model's")
+            && err.contains("truncated"),
         "{err}"
     );
     assert!(err.contains("val_bleu"), "{err}");

@@ -209,14 +209,17 @@ impl Trainer<'_> {
             n += b.n_tokens;
         }
         // Greedy, through the path `nmt translate` takes.
-        let mut truncated = 0;
+        let (mut truncated, mut first) = (0, 0);
         let sources =
-            crate::translate::encode_sources(&self.model, &self.tok, &valid.sources, |_, _, _| {
-                truncated += 1
+            crate::translate::encode_sources(&self.model, &self.tok, &valid.sources, |i, _, _| {
+                if truncated == 0 {
+                    first = i + 1;
+                }
+                truncated += 1;
             })?;
         if truncated > 0 && !self.truncation_said.replace(true) {
             eprintln!(
-                "validation: {truncated} source lines longer than the model's {} positions are truncated, as `nmt translate` does",
+                "validation: source line {first} ({truncated} in all) is longer than the model's {} positions and is truncated, as `nmt translate` does",
                 self.model_config.max_position_embeddings
             );
         }
