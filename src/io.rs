@@ -26,20 +26,52 @@ pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {
 
 /// Writes `bytes` to `path` via a temporary file in the same folder, fsync and rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temp_path(path);
-    let result = (|| -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+    write_atomic_with(path, |tmp| {
+        File::create(tmp)?.write_all(bytes)?;
+        Ok(())
+    })
+}
+
+/// Has `write` make the new version of `path` in a temporary file of the same extension (an
+/// image library picks the format by it), then puts it in place: fsync and rename, so that
+/// `path` is the old file or the new one, never half of each. A symbolic link is followed
+/// (the file it names is replaced, the link stays); a device or pipe such as `/dev/null`
+/// is written in place, as a rename would replace it or fail.
+pub fn write_atomic_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let in_place = fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    let real = match fs::canonicalize(path) {
+        Ok(real) if !in_place && real.is_file() => real,
+        _ => path.to_path_buf(),
+    };
+    let mut tmp = if in_place {
+        std::env::temp_dir().join(temp_path(path).file_name().unwrap_or_default())
+    } else {
+        temp_path(&real)
+    };
+    if let Some(ext) = real.extension() {
+        tmp.as_mut_os_string().push(".");
+        tmp.as_mut_os_string().push(ext);
+    }
+    let result = write(&tmp).and_then(|()| {
+        if in_place {
+            let bytes = fs::read(&tmp)?;
+            fs::OpenOptions::new()
+                .write(true)
+                .open(path)?
+                .write_all(&bytes)?;
+            fs::remove_file(&tmp)?;
+            return Ok(());
+        }
+        File::open(&tmp)?.sync_all()?;
+        fs::rename(&tmp, &real)?;
+        if let Some(dir) = real.parent().filter(|d| !d.as_os_str().is_empty()) {
             // Make the rename itself durable; not every filesystem allows syncing a folder.
             if let Ok(d) = File::open(dir) {
                 let _ = d.sync_all();
             }
         }
         Ok(())
-    })();
+    });
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -66,5 +98,23 @@ mod tests {
         let p = dir.path().join("no/such/out.txt");
         let err = write_atomic(&p, b"x").unwrap_err().to_string();
         assert!(err.contains("out.txt: cannot write"), "{err}");
+    }
+
+    #[test]
+    fn a_link_is_followed_and_a_device_written_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file.json");
+        write_atomic(&file, b"old").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        write_atomic(&link, b"new").unwrap();
+        assert!(fs::symlink_metadata(&link).unwrap().is_symlink());
+        assert_eq!(fs::read(&file).unwrap(), b"new");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+        // /dev/null stays the device (a rename run as root would replace it with a file).
+        let null = Path::new("/dev/null");
+        write_atomic(null, b"gone").unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(fs::metadata(null).unwrap().file_type().is_char_device());
     }
 }

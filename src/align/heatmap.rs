@@ -3,7 +3,7 @@
 
 use super::WordAlignment;
 use crate::plot::font;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
@@ -72,10 +72,9 @@ pub fn draw(a: &WordAlignment, path: &Path) -> Result<()> {
         );
     }
     let l = layout(a);
-    let tmp = path.with_extension("png.tmp.png");
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("{}: cannot draw: {e}", path.display());
-    {
-        let root = BitMapBackend::new(&tmp, (l.width, l.height)).into_drawing_area();
+    crate::io::write_atomic_with(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (l.width, l.height)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let label = ("sans-serif", 15).into_font().color(&BLACK);
         let small = ("sans-serif", 12).into_font().color(&BLACK);
@@ -143,10 +142,8 @@ pub fn draw(a: &WordAlignment, path: &Path) -> Result<()> {
         for (v, y) in [("1", top), ("0.5", top + bh / 2), ("0", top + bh)] {
             root.draw_text(v, &scale, (bx + 22, y)).map_err(err)?;
         }
-        root.present().map_err(err)?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot write", path.display()))?;
-    Ok(())
+        root.present().map_err(err)
+    })
 }
 
 #[cfg(test)]

@@ -58,9 +58,8 @@ pub fn learning_curve(metrics: &Path, png: &Path) -> Result<bool> {
         return Ok(false);
     }
     let s = read(metrics)?;
-    let tmp = png.with_extension("png.tmp.png");
-    {
-        let root = BitMapBackend::new(&tmp, (1000, 420)).into_drawing_area();
+    crate::io::write_atomic_with(png, |tmp| {
+        let root = BitMapBackend::new(tmp, (1000, 420)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow!("plot: {e}"))?;
         let (left, right) = root.split_horizontally(500);
         let (x0, x1) = range(&[&s.loss, &s.val_loss, &s.val_bleu], |p| p.0);
@@ -109,10 +108,8 @@ pub fn learning_curve(metrics: &Path, png: &Path) -> Result<bool> {
         chart
             .draw_series(LineSeries::new(s.val_bleu.iter().copied(), &GREEN).point_size(3))
             .map_err(|e| anyhow!("plot: {e}"))?;
-        root.present()
-            .map_err(|e| anyhow!("{}: cannot write plot: {e}", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, png).with_context(|| format!("{}: cannot write", png.display()))?;
+        root.present().map_err(|e| anyhow!("plot: {e}"))
+    })?;
     Ok(true)
 }
 
