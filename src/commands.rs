@@ -458,6 +458,18 @@ pub fn prepare(args: PrepareArgs) -> Result<()> {
             args.out.display()
         );
     }
+    // Replacing --out removes what it holds: never the text being prepared.
+    if let Ok(out) = args.out.canonicalize() {
+        for (flag, input) in [("--src", &args.src), ("--tgt", &args.tgt)] {
+            if input.canonicalize().is_ok_and(|p| p.starts_with(&out)) {
+                bail!(
+                    "{}: the {flag} file {} is inside it, and replacing the folder would delete it: choose another --out",
+                    args.out.display(),
+                    input.display()
+                );
+            }
+        }
+    }
     let tok = SubwordTokenizer::load_any(&args.tokenizer)?;
     let filters = Filters {
         max_len: args.max_len,

@@ -198,6 +198,17 @@ fn a_wrong_store_is_a_clear_error() {
         err.contains("already exists") && err.contains("--force"),
         "{err}"
     );
+    // --force never replaces the folder holding the text being prepared.
+    let inside = store.join("train.src");
+    std::fs::copy(&src, &inside).unwrap();
+    let mut args = prepare_args(&inside, &tgt, &tok, &store);
+    args.push("--force");
+    let err = nmt_err(&args, b"");
+    assert!(
+        err.contains("the --src file") && err.contains("choose another --out"),
+        "{err}"
+    );
+    assert!(inside.exists() && store.join("store.json").exists());
     // Source and target of different lengths: the line where one ends.
     let short = dir.path().join("short.en");
     std::fs::write(&short, "one two\n").unwrap();
