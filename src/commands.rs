@@ -57,6 +57,17 @@ fn tokenize_train(args: TokenizeTrainArgs) -> Result<()> {
         max_lines: args.max_lines,
         seed: args.seed,
     };
+    if let Some(input) = args
+        .inputs
+        .iter()
+        .find(|i| crate::io::lies_within(i, &args.output))
+    {
+        bail!(
+            "--output {} is the --input {}: writing the tokenizer would replace the text; give another --output",
+            args.output.display(),
+            input.display()
+        );
+    }
     let tok = tokenizer::train(&args.inputs, &opts)?;
     tok.save(&args.output)?;
     eprintln!(
@@ -459,15 +470,13 @@ pub fn prepare(args: PrepareArgs) -> Result<()> {
         );
     }
     // Replacing --out removes what it holds: never the text being prepared.
-    if let Ok(out) = args.out.canonicalize() {
-        for (flag, input) in [("--src", &args.src), ("--tgt", &args.tgt)] {
-            if input.canonicalize().is_ok_and(|p| p.starts_with(&out)) {
-                bail!(
-                    "{}: the {flag} file {} is inside it, and replacing the folder would delete it: choose another --out",
-                    args.out.display(),
-                    input.display()
-                );
-            }
+    for (flag, input) in [("--src", &args.src), ("--tgt", &args.tgt)] {
+        if crate::io::lies_within(input, &args.out) {
+            bail!(
+                "{}: the {flag} file {} is inside it, and replacing the folder would delete it: choose another --out",
+                args.out.display(),
+                input.display()
+            );
         }
     }
     let tok = SubwordTokenizer::load_any(&args.tokenizer)?;
@@ -545,17 +554,12 @@ pub fn average(args: AverageArgs) -> Result<()> {
     // The output folder is replaced whole: it must not hold what a user wrote, nor a
     // checkpoint being averaged (a run's own, with its optimizer state).
     let out = &args.output;
-    if let Ok(target) = out.canonicalize() {
-        if let Some(input) = inputs
-            .iter()
-            .find(|i| i.canonicalize().is_ok_and(|i| i == target))
-        {
-            bail!(
-                "--output {} is {}, one of the checkpoints being averaged: give another folder",
-                out.display(),
-                input.display()
-            );
-        }
+    if let Some(input) = inputs.iter().find(|i| crate::io::lies_within(i, out)) {
+        bail!(
+            "--output {} holds {}, one of the checkpoints being averaged: give another folder",
+            out.display(),
+            input.display()
+        );
     }
     let holds_files = out.is_file() || std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some());
     if holds_files && !args.force {

@@ -15,6 +15,15 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
 }
 
+/// Whether `path` is `place` or lies inside it, links resolved: writing or replacing `place`
+/// would destroy it. False where either does not exist.
+pub fn lies_within(path: &Path, place: &Path) -> bool {
+    match (path.canonicalize(), place.canonicalize()) {
+        (Ok(path), Ok(place)) => path.starts_with(place),
+        _ => false,
+    }
+}
+
 /// Reads a whole input file named by the user; `what` says what it should be ("tokenizer",
 /// "SentencePiece model") in the errors, which name the file.
 pub fn read_input(path: &Path, what: &str) -> Result<Vec<u8>> {

@@ -329,6 +329,21 @@ fn every_subcommand_rejects_bad_input_clearly() {
             fails(&[&empty, "empty"]),
         ),
         row(
+            "tokenize train: --output is an --input",
+            &[
+                "tokenize",
+                "train",
+                "--input",
+                &src,
+                "--vocab-size",
+                "300",
+                "--output",
+                &src,
+            ],
+            b"",
+            fails(&[&src, "would replace the text"]),
+        ),
+        row(
             "tokenize train: unknown --model",
             &[tok_train(&src), vec!["--model".into(), "wordpiece".into()]].concat(),
             b"",
