@@ -256,6 +256,12 @@ fn every_subcommand_rejects_bad_input_clearly() {
             .chain([s(model).to_string()])
             .collect::<Vec<_>>()
     };
+    // `translate --model TOY` and `extra`.
+    let translate_toy = |extra: &[&str]| -> Vec<String> {
+        let mut args = translate(&toy);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
     // `eval --ref TGT --src SRC --model TOY` and `extra`: scoring a model's own translations.
     let eval_model = |extra: &[&str]| -> Vec<String> {
         ["eval", "--ref", &tgt, "--src", &src, "--model", s(&toy)]
@@ -633,7 +639,7 @@ fn every_subcommand_rejects_bad_input_clearly() {
         ),
         row(
             "translate: unknown --device",
-            &[&translate(&toy)[..], &["--device".into(), "tpu".into()]].concat()[..],
+            &translate_toy(&["--device", "tpu"]),
             b"1\n",
             fails(&["tpu", "--device"]),
         ),
@@ -645,23 +651,19 @@ fn every_subcommand_rejects_bad_input_clearly() {
         ),
         row(
             "translate: --beam wider than half the vocabulary",
-            &[&translate(&toy)[..], &["--beam".into(), "100000".into()]].concat()[..],
+            &translate_toy(&["--beam", "100000"]),
             b"1\n",
             fails(&["--beam 100000: at most", "half its vocabulary"]),
         ),
         row(
             "translate: --max-len-a inf",
-            &[&translate(&toy)[..], &["--max-len-a".into(), "inf".into()]].concat()[..],
+            &translate_toy(&["--max-len-a", "inf"]),
             b"1\n",
             fails(&["--max-len-a inf"]),
         ),
         row(
             "translate: --length-penalty NaN",
-            &[
-                &translate(&toy)[..],
-                &["--length-penalty".into(), "NaN".into()],
-            ]
-            .concat()[..],
+            &translate_toy(&["--length-penalty", "NaN"]),
             b"1\n",
             fails(&["--length-penalty NaN"]),
         ),
