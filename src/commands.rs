@@ -749,11 +749,12 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             .check(config)
             .with_context(|| format!("the {source}-{target} model"))?;
         // A request's alternatives widen its beam to alternatives + 1.
-        if args.max_alternatives >= config.vocab_size / 2 {
+        let widest = crate::translate::SearchOptions::widest_beam(config);
+        if args.max_alternatives >= widest {
             bail!(
                 "--max-alternatives {}: at most {} for the {source}-{target} model (half its vocabulary of {}, less one)",
                 args.max_alternatives,
-                config.vocab_size / 2 - 1,
+                widest - 1,
                 config.vocab_size
             );
         }

@@ -47,10 +47,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// (the file it names is replaced, the link stays); a device or pipe such as `/dev/null`
 /// is written in place, as a rename would replace it or fail.
 pub fn write_atomic_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let in_place = fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
-    let real = match fs::canonicalize(path) {
-        Ok(real) if !in_place && real.is_file() => real,
-        _ => path.to_path_buf(),
+    // `metadata` follows links: what `path` names in the end.
+    let (in_place, real) = match fs::metadata(path) {
+        Ok(m) if m.is_file() => (false, fs::canonicalize(path).unwrap_or(path.to_path_buf())),
+        Ok(m) => (!m.is_dir(), path.to_path_buf()),
+        Err(_) => (false, path.to_path_buf()),
     };
     let mut tmp = if in_place {
         std::env::temp_dir().join(temp_path(path).file_name().unwrap_or_default())

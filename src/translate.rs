@@ -54,7 +54,7 @@ impl SearchOptions {
         if self.nbest == 0 || self.nbest > self.beam {
             anyhow::bail!("--nbest must be between 1 and --beam ({})", self.beam);
         }
-        let widest = model.vocab_size / 2;
+        let widest = Self::widest_beam(model);
         if self.beam > widest {
             anyhow::bail!(
                 "--beam {}: at most {widest} for this model (half its vocabulary of {})",
@@ -75,6 +75,12 @@ impl SearchOptions {
             );
         }
         Ok(())
+    }
+
+    /// The widest beam a model allows: each step keeps the best 2·beam continuations, which
+    /// the vocabulary must hold.
+    pub fn widest_beam(model: &crate::model::ModelConfig) -> usize {
+        model.vocab_size / 2
     }
 }
 

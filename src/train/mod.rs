@@ -209,19 +209,19 @@ impl Trainer<'_> {
             n += b.n_tokens;
         }
         // Greedy, through the path `nmt translate` takes.
-        let (mut truncated, mut first) = (0, 0);
+        let mut truncated = Vec::new();
         let sources =
             crate::translate::encode_sources(&self.model, &self.tok, &valid.sources, |i, _, _| {
-                if truncated == 0 {
-                    first = i + 1;
-                }
-                truncated += 1;
+                truncated.push(i + 1)
             })?;
-        if truncated > 0 && !self.truncation_said.replace(true) {
-            eprintln!(
-                "validation: source line {first} ({truncated} in all) is longer than the model's {} positions and is truncated, as `nmt translate` does",
-                self.model_config.max_position_embeddings
-            );
+        if let Some(first) = truncated.first() {
+            if !self.truncation_said.replace(true) {
+                eprintln!(
+                    "validation: source line {first} ({} in all) is longer than the model's {} positions and is truncated, as `nmt translate` does",
+                    truncated.len(),
+                    self.model_config.max_position_embeddings
+                );
+            }
         }
         let hyps: Vec<String> = crate::translate::translate_sources(
             &self.model,
