@@ -93,7 +93,9 @@ impl PackedLinear {
 pub struct Packed {
     n_out: usize,
     k: usize,
-    /// Panel p holds columns p·PANEL.. as `[k][PANEL]`, zero-padded past `n_out`.
+    /// Panel p holds columns p·PANEL.. as `[k][PANEL]` for the AVX-512 kernel, as two halves
+    /// `[2][k][HALF]` for the AVX2 one (each half it multiplies at a time contiguous in
+    /// memory), zero-padded past `n_out`.
     panels: Vec<f32>,
     /// The bias, zero-padded to whole panels.
     bias: Vec<f32>,
@@ -119,7 +121,10 @@ impl Packed {
         if b.len() != n_out {
             candle_core::bail!("packed linear: bias of {} for {n_out} outputs", b.len());
         }
-        let panels = panels::pack(&w, n_out, k, 1);
+        let mut panels = panels::pack(&w, n_out, k, 1);
+        if !avx512 {
+            panels = halves_apart(&panels, k);
+        }
         let mut bias = b;
         bias.resize(n_out.div_ceil(PANEL) * PANEL, 0.0);
         Ok(Some(Self {
@@ -149,20 +154,23 @@ impl Packed {
             by_tiles!(rows, tile, |r0| tile_at(r0));
             return;
         }
-        // AVX2: each 16-column half of the panel (a quarter of L1) in turn, six rows at a time.
+        // AVX2: each 16-column half of the panel (a quarter of L1) in turn, six rows at a time
+        // from `x` as [`interleave_rows`] lays them out.
         let cols = PANEL.min(self.n_out - p * PANEL);
         for half in 0..cols.div_ceil(HALF) {
             let mut r0 = 0;
             while r0 < rows {
                 let mut t = tile_at(r0);
-                t.panel = t.panel.add(half * HALF);
+                t.panel = t.panel.add(half * self.k * HALF);
                 t.bias = t.bias.add(half * HALF);
                 t.y = t.y.add(half * HALF);
-                if !t.next.is_null() {
-                    t.next = t.next.add(half * HALF);
-                }
+                // The next panel's half is fetched once, by the first rows' pass over this one.
+                t.next = match r0 {
+                    0 if !t.next.is_null() => t.next.add(half * self.k * HALF),
+                    _ => std::ptr::null(),
+                };
                 t.cols = HALF.min(cols - half * HALF);
-                match (rows - r0).min(6) {
+                match (rows - r0).min(ROWS_AVX2) {
                     6 => tile_avx2::<6>(&t),
                     5 => tile_avx2::<5>(&t),
                     4 => tile_avx2::<4>(&t),
@@ -170,7 +178,7 @@ impl Packed {
                     2 => tile_avx2::<2>(&t),
                     _ => tile_avx2::<1>(&t),
                 }
-                r0 += 6;
+                r0 += ROWS_AVX2;
             }
         }
     }
@@ -181,9 +189,11 @@ impl Packed {
     }
 }
 
-/// One kernel call: R rows (consecutive, `k` apart) of x times one panel.
+/// One kernel call: R rows of x times one panel.
 struct Tile {
     k: usize,
+    /// The first of the R rows: rows k apart for the AVX-512 kernel, interleaved for the
+    /// AVX2 one ([`interleave_rows`]).
     x: *const f32,
     panel: *const f32,
     bias: *const f32,
@@ -227,9 +237,48 @@ unsafe fn tile<const R: usize>(t: &Tile) {
 
 /// Columns of a panel that the AVX2 kernel computes at a time: two 8-lane registers.
 const HALF: usize = PANEL / 2;
+/// Input rows the AVX2 kernel multiplies at a time: 6 × 2 accumulators, 2 weights and an input
+/// in its 16 registers.
+const ROWS_AVX2: usize = 6;
+
+/// Panels `[k][PANEL]` → `[2][k][HALF]`: each half that the AVX2 kernel multiplies at a time
+/// contiguous. Interleaved, a half's rows lay 128 bytes apart and filled only half of the L1
+/// sets they map to, so the panel being multiplied and the next one being fetched evicted
+/// each other.
+fn halves_apart(panels: &[f32], k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; panels.len()];
+    for (from, to) in panels.chunks(k * PANEL).zip(out.chunks_mut(k * PANEL)) {
+        for (kk, row) in from.chunks(PANEL).enumerate() {
+            for (half, part) in row.chunks(HALF).enumerate() {
+                to[half * k * HALF + kk * HALF..][..HALF].copy_from_slice(part);
+            }
+        }
+    }
+    out
+}
+
+/// `x` (rows × k) as the AVX2 kernel reads it: each run of [`ROWS_AVX2`] rows interleaved,
+/// `[k][ROWS_AVX2]` (the last run padded with zeros), so that the inputs of one step of the
+/// kernel share a cache line instead of lying k apart in six.
+fn interleave_rows(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows.div_ceil(ROWS_AVX2) * ROWS_AVX2 * k];
+    for (group, to) in out.chunks_mut(ROWS_AVX2 * k).enumerate() {
+        for (r, row) in x[group * ROWS_AVX2 * k..]
+            .chunks(k)
+            .take(ROWS_AVX2)
+            .enumerate()
+        {
+            for (kk, &v) in row.iter().enumerate() {
+                to[kk * ROWS_AVX2 + r] = v;
+            }
+        }
+    }
+    out
+}
 
 /// [`tile`] with AVX2 for R (≤ 6) rows and one [`HALF`] of the panel (`t.panel`, `t.bias`
-/// and `t.y` pointing at its first column): the same multiply-adds in the same order.
+/// and `t.y` pointing at its first column; `t.x` at the rows as [`interleave_rows`] lays them
+/// out): the same multiply-adds in the same order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2<const R: usize>(t: &Tile) {
@@ -237,12 +286,12 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile) {
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     for kk in 0..t.k {
         if !t.next.is_null() {
-            _mm_prefetch::<_MM_HINT_T1>(t.next.add(kk * PANEL).cast());
+            _mm_prefetch::<_MM_HINT_T1>(t.next.add(kk * HALF).cast());
         }
-        let w = t.panel.add(kk * PANEL);
+        let w = t.panel.add(kk * HALF);
         let (w0, w1) = (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)));
         for (r, acc) in acc.iter_mut().enumerate() {
-            let xv = _mm256_set1_ps(*t.x.add(r * t.k + kk));
+            let xv = _mm256_set1_ps(*t.x.add(kk * ROWS_AVX2 + r));
             acc[0] = _mm256_fmadd_ps(xv, w0, acc[0]);
             acc[1] = _mm256_fmadd_ps(xv, w1, acc[1]);
         }
@@ -261,13 +310,22 @@ impl RowKernel for Packed {
     }
 
     fn run(&self, x: &[f32], rows: usize, out: &OutPtr, relu: bool) {
+        let interleaved;
+        let x = match self.avx512 {
+            true => x,
+            false => {
+                interleaved = interleave_rows(x, rows, self.k);
+                &interleaved[..]
+            }
+        };
         panels::for_each_block(
             self.n_out.div_ceil(PANEL),
             rows * self.n_out * self.k,
             |p| {
                 // SAFETY: the kernel's CPU features were checked when this value was built
-                // (`has_avx512()`, else `has_avx2()`); x holds rows × k
-                // values, each panel k × PANEL, and panel p writes only columns p·PANEL.. of y
+                // (`has_avx512()`, else `has_avx2()`); x holds rows × k values (for AVX2
+                // whole runs of six rows), each panel k × PANEL, and panel p writes only
+                // columns p·PANEL.. of y
                 // (rows × n_out), disjoint from every other panel's.
                 unsafe { self.panel_rows(p, x, rows, out, relu) }
             },
