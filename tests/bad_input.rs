@@ -292,7 +292,7 @@ fn every_subcommand_rejects_bad_input_clearly() {
         .map(|x| x.to_string())
         .collect()
     };
-    let tok_train = |input: &str| -> Vec<String> {
+    let tok_train = |input: &str, output: &str| -> Vec<String> {
         [
             "tokenize",
             "train",
@@ -301,7 +301,7 @@ fn every_subcommand_rejects_bad_input_clearly() {
             "--vocab-size",
             "300",
             "--output",
-            "/dev/null",
+            output,
         ]
         .iter()
         .map(|x| x.to_string())
@@ -312,52 +312,47 @@ fn every_subcommand_rejects_bad_input_clearly() {
         // nmt tokenize
         row(
             "tokenize train: missing input",
-            &tok_train(&missing),
+            &tok_train(&missing, "/dev/null"),
             b"",
             fails(&[&missing, "No such file"]),
         ),
         row(
             "tokenize train: input is a folder",
-            &tok_train(&folder),
+            &tok_train(&folder, "/dev/null"),
             b"",
             fails(&[&folder, "directory"]),
         ),
         row(
             "tokenize train: invalid UTF-8",
-            &tok_train(&bad_utf8),
+            &tok_train(&bad_utf8, "/dev/null"),
             b"",
             fails(&[&format!("{bad_utf8}:2"), "invalid UTF-8"]),
         ),
         row(
             "tokenize train: empty corpus",
-            &tok_train(&empty),
+            &tok_train(&empty, "/dev/null"),
             b"",
             fails(&[&empty, "empty"]),
         ),
         row(
             "tokenize train: --output is an --input",
-            &[
-                "tokenize",
-                "train",
-                "--input",
-                &src,
-                "--vocab-size",
-                "300",
-                "--output",
-                &src,
-            ],
+            &tok_train(&src, &src),
             b"",
             fails(&[&src, "would replace the text"]),
         ),
         row(
             "tokenize train: unknown --model",
-            &[tok_train(&src), vec!["--model".into(), "wordpiece".into()]].concat(),
+            &[
+                tok_train(&src, "/dev/null"),
+                vec!["--model".into(), "wordpiece".into()],
+            ]
+            .concat(),
             b"",
             fails(&["wordpiece", "--model"]),
         ),
         row(
             "tokenize train: 1 MB line",
-            &tok_train(&huge),
+            &tok_train(&huge, "/dev/null"),
             b"",
             works(&[]),
         ),
