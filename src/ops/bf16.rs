@@ -96,7 +96,7 @@ impl Bf16Linear {
                 n_out,
                 k,
                 kernel: Kernel::Dpbf16 {
-                    panels: panels::pack(&rounded, n_out, k, 2),
+                    panels: panels::pack(&rounded, n_out, k, 2, PANEL),
                     bias: b,
                 },
             }));

@@ -131,7 +131,7 @@ impl Int8Linear {
             Kernel::Portable => (rows, Vec::new(), n_out),
             Kernel::Vnni | Kernel::AvxVnni | Kernel::Avx2 => {
                 let n_panels = n_out.div_ceil(PANEL);
-                let panels = panels::pack(&rows, n_out, k, 4);
+                let panels = panels::pack(&rows, n_out, k, 4, PANEL);
                 let mut shift: Vec<i32> = rows
                     .chunks(k.max(1))
                     .take(n_out)

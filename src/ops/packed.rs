@@ -121,10 +121,11 @@ impl Packed {
         if b.len() != n_out {
             candle_core::bail!("packed linear: bias of {} for {n_out} outputs", b.len());
         }
-        let mut panels = panels::pack(&w, n_out, k, 1);
-        if !avx512 {
-            panels = halves_apart(&panels, k);
-        }
+        // The AVX2 kernel multiplies half a panel at a time: each half packed as a panel of
+        // its own, contiguous (interleaved, a half's rows lay 128 bytes apart and filled only
+        // half of the L1 sets they map to, so the panel being multiplied and the next one
+        // being fetched evicted each other).
+        let panels = panels::pack(&w, n_out, k, 1, if avx512 { PANEL } else { HALF });
         let mut bias = b;
         bias.resize(n_out.div_ceil(PANEL) * PANEL, 0.0);
         Ok(Some(Self {
@@ -240,22 +241,6 @@ const HALF: usize = PANEL / 2;
 /// Input rows the AVX2 kernel multiplies at a time: 6 × 2 accumulators, 2 weights and an input
 /// in its 16 registers.
 const ROWS_AVX2: usize = 6;
-
-/// Panels `[k][PANEL]` → `[2][k][HALF]`: each half that the AVX2 kernel multiplies at a time
-/// contiguous. Interleaved, a half's rows lay 128 bytes apart and filled only half of the L1
-/// sets they map to, so the panel being multiplied and the next one being fetched evicted
-/// each other.
-fn halves_apart(panels: &[f32], k: usize) -> Vec<f32> {
-    let mut out = vec![0f32; panels.len()];
-    for (from, to) in panels.chunks(k * PANEL).zip(out.chunks_mut(k * PANEL)) {
-        for (kk, row) in from.chunks(PANEL).enumerate() {
-            for (half, part) in row.chunks(HALF).enumerate() {
-                to[half * k * HALF + kk * HALF..][..HALF].copy_from_slice(part);
-            }
-        }
-    }
-    out
-}
 
 /// `x` (rows × k) as the AVX2 kernel reads it: each run of [`ROWS_AVX2`] rows interleaved,
 /// `[k][ROWS_AVX2]` (the last run padded with zeros), so that the inputs of one step of the

@@ -13,32 +13,34 @@ pub(crate) const PANEL: usize = 32;
 /// Input rows per kernel call: 2 × 8 accumulators of 16 lanes.
 pub(crate) const TILE_ROWS: usize = 8;
 
-/// Packs `rows` (`n_out` rows of `k`) into panels: panel p holds outputs p·PANEL.. as
-/// `[k / group][PANEL][group]` (k padded to a multiple of `group`; padding and outputs past
-/// `n_out` are `T::default()`), the order in which a kernel reading `group` inputs at a time
-/// loads them.
+/// Packs `rows` (`n_out` rows of `k`) into panels of `width` (a divisor of [`PANEL`]) output
+/// columns: panel p holds outputs p·width.. as `[k / group][width][group]` (k padded to a
+/// multiple of `group`; padding, outputs past `n_out` and whole panels up to the next multiple
+/// of [`PANEL`] outputs are `T::default()`), the order in which a kernel reading `group` inputs
+/// of `width` outputs at a time loads them.
 pub(crate) fn pack<T: Copy + Default + Send + Sync>(
     rows: &[T],
     n_out: usize,
     k: usize,
     group: usize,
+    width: usize,
 ) -> Vec<T> {
     let kg = k.div_ceil(group);
     let mut panels = vec![T::default(); n_out.div_ceil(PANEL) * kg * PANEL * group];
     panels
-        .par_chunks_mut(kg * PANEL * group)
+        .par_chunks_mut(kg * width * group)
         .enumerate()
         .for_each(|(p, panel)| {
-            for j in 0..PANEL.min(n_out - p * PANEL) {
-                let row = &rows[(p * PANEL + j) * k..(p * PANEL + j + 1) * k];
+            for j in 0..width.min(n_out.saturating_sub(p * width)) {
+                let row = &rows[(p * width + j) * k..(p * width + j + 1) * k];
                 // Input group g of output j lands at [g][j][..].
                 if group == 1 {
                     for (kk, &v) in row.iter().enumerate() {
-                        panel[kk * PANEL + j] = v;
+                        panel[kk * width + j] = v;
                     }
                 } else {
                     for (g, inputs) in row.chunks(group).enumerate() {
-                        let at = g * PANEL * group + j * group;
+                        let at = g * width * group + j * group;
                         panel[at..at + inputs.len()].copy_from_slice(inputs);
                     }
                 }
