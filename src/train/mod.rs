@@ -12,16 +12,15 @@ pub mod optim;
 mod optim_cuda;
 pub mod plot;
 pub mod schedule;
+mod validate;
 
 use crate::checkpoint::{self, Checkpoint, TrainerState};
 use crate::cli::FreezePart;
 use crate::data::batch::{epoch_order, Batch, Mixture};
 use crate::data::tokenizer::SubwordTokenizer;
-use crate::eval::{bleu::Bleu, Metric};
 use crate::model::weights::Weights;
 use crate::model::{Dropout, ModelConfig, Seq2Seq};
 use crate::ops;
-use crate::translate::SearchOptions;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use config::{parse_duration, TrainConfig};
@@ -123,12 +122,6 @@ fn fit_positions(cfg: &TrainConfig, start: Option<&ModelConfig>) -> TrainConfig 
     cfg
 }
 
-/// Validation results.
-struct Validation {
-    loss: f64,
-    bleu: f64,
-}
-
 struct Trainer<'a> {
     job: &'a TrainJob,
     cfg: &'a TrainConfig,
@@ -183,61 +176,6 @@ impl Trainer<'_> {
             }
             _ => Ok((loss, nll)),
         }
-    }
-
-    fn validate(&self, valid: &data::Valid) -> Result<Validation> {
-        let drop = Dropout::off();
-        let (mut nll, mut n) = (0f64, 0usize);
-        let plan = valid.mixture.plan(
-            self.cfg.max_positions,
-            self.cfg.max_tokens,
-            self.cfg.seed,
-            1,
-        )?;
-        for k in 0..plan.len() {
-            let b = Batch::new(
-                &valid.mixture.examples(plan.batch(k), self.tok.eos_id),
-                self.tok.pad_id,
-                self.model_config.decoder_start_token_id,
-                self.model.device(),
-            )?;
-            nll += self
-                .batch_loss(&b, &drop)?
-                .1
-                .to_dtype(DType::F32)?
-                .to_scalar::<f32>()? as f64;
-            n += b.n_tokens;
-        }
-        // Greedy, through the path `nmt translate` takes.
-        let mut truncated = Vec::new();
-        let sources =
-            crate::translate::encode_sources(&self.model, &self.tok, &valid.sources, |i, _, _| {
-                truncated.push(i + 1)
-            })?;
-        if let Some(first) = truncated.first() {
-            if !self.truncation_said.replace(true) {
-                eprintln!(
-                    "validation: source line {first} ({} in all) is longer than the model's {} positions and is truncated, as `nmt translate` does",
-                    truncated.len(),
-                    self.model_config.max_position_embeddings
-                );
-            }
-        }
-        let hyps: Vec<String> = crate::translate::translate_sources(
-            &self.model,
-            &self.tok,
-            &sources,
-            &SearchOptions::default(),
-        )?
-        .into_iter()
-        .map(|t| t.text().to_string())
-        .collect();
-        let metric = Metric::Bleu(Bleu::default());
-        let stats = metric.corpus_stats(&hyps, &valid.refs);
-        Ok(Validation {
-            loss: nll / n.max(1) as f64,
-            bleu: metric.report(&stats, 1, None).score,
-        })
     }
 
     fn save(&self, step_dir: &Path, state: &TrainerState) -> Result<()> {
