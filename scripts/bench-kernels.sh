@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The kernels alone (scripts/bench_kernels.rs): G multiply-adds/s of the float32, bfloat16 and
 # int8 decoding layers at the yardstick model's shapes, 64 rows, on one thread and on all; then
-# a training linear layer's forward + backward pass on 2,048 rows, GFLOP/s on all threads,
-# beside PyTorch's on the same shapes and threads (when PEERS_PYTHON has torch): whether a
-# training step's products are what a CPU holds back. Printed with the CPU they ran on.
+# a training linear layer's three products alone on one thread (gemm, and the packed f32 kernel
+# on y with the weights packed per call); then that layer's forward + backward pass on 2,048
+# rows, GFLOP/s on all threads, beside PyTorch's on the same shapes and threads (when
+# PEERS_PYTHON has torch): whether a training step's products are what a CPU holds back.
+# Printed with the CPU they ran on.
 # `NMT_CPU_ISA=avx2 scripts/bench-kernels.sh` measures the AVX2 decoding kernels on a wider CPU.
 #   PEERS_PYTHON=/tmp/peers/bin/python scripts/bench-kernels.sh
 set -euo pipefail
