@@ -267,7 +267,9 @@ impl RowKernel for Int8Linear {
 
 /// Calls `f(args)` compiled for AVX-512 where the CPU has it, else for AVX2, else for the
 /// baseline: the integer and rounding loops of this file vectorise as wide as the CPU allows.
-/// (A function, unlike a closure handed to [`super::cpu::wide`], is surely compiled inside.)
+/// (A function called in it, unlike a closure handed to [`super::cpu::wide`], is surely
+/// compiled inside; one passed in as a value is called through a shim compiled for the
+/// baseline: pass an `#[inline(always)]` closure instead.)
 macro_rules! widest {
     ($f:ident($($a:expr),*)) => {{
         #[cfg(target_arch = "x86_64")]
@@ -309,7 +311,16 @@ fn quantize_rows(x: &[f32], k: usize, q: &mut [i8], scales: &mut [f32], flip: bo
                 let row = |x: &[f32], q: &mut [i8]| unsafe { quantize_row_avx512(x, q, flip) };
                 return quantize_block(x, k, q, stride, scales, row);
             }
-            widest!(quantize_block(x, k, q, stride, scales, quantize_row));
+            // A closure, inlined: `quantize_row` passed as a value ran in SSE2 (see `widest`).
+            widest!(quantize_block(
+                x,
+                k,
+                q,
+                stride,
+                scales,
+                #[inline(always)]
+                |x: &[f32], q: &mut [i8]| quantize_row(x, q)
+            ));
             if flip {
                 q.iter_mut().for_each(|v| *v ^= i8::MIN);
             }
