@@ -44,13 +44,19 @@ impl CustomOp3 for EmbedOp {
             .enumerate()
             .for_each(|(c, yc)| {
                 let r0 = c * rows_per_task(d);
-                for (r, yr) in yc.chunks_mut(d).enumerate() {
-                    let (id, step) = (ids[r0 + r] as usize, (r0 + r) % t);
-                    let (e, p) = (&table[id * d..(id + 1) * d], &pos[step * d..(step + 1) * d]);
-                    for j in 0..d {
-                        yr[j] = e[j] * self.scale + p[j];
-                    }
-                }
+                wide(
+                    #[inline(always)]
+                    || {
+                        for (r, yr) in yc.chunks_mut(d).enumerate() {
+                            let (id, step) = (ids[r0 + r] as usize, (r0 + r) % t);
+                            let e = &table[id * d..(id + 1) * d];
+                            let p = &pos[step * d..(step + 1) * d];
+                            for j in 0..d {
+                                yr[j] = e[j] * self.scale + p[j];
+                            }
+                        }
+                    },
+                )
             });
         let y = match &self.mask {
             Some(m) => m.apply(&y, None),
