@@ -254,6 +254,11 @@ const ROWS_AVX2: usize = 6;
 #[target_feature(enable = "avx2,fma")]
 unsafe fn interleave_rows(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
     use std::arch::x86_64::*;
+    assert!(
+        x.len() >= rows * k,
+        "interleave_rows: {} inputs for {rows} × {k}",
+        x.len()
+    );
     let len = rows.div_ceil(ROWS_AVX2) * ROWS_AVX2 * k;
     // Two floats of room past the end: each column goes out as eight lanes (a masked store is
     // slow on AMD cores), its last two zeros, which the next column's store overwrites.
