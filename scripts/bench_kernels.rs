@@ -5,8 +5,9 @@
 //! products, through the op the trainer uses) on 2,048 rows, in GFLOP/s on all threads; the
 //! script sets PyTorch's figures for the same shapes beside them. Before it, that layer's three
 //! products alone on one thread: whether a CPU's gemm or the work around it holds training
-//! back. Prints the best of 5 timings of about 0.2 s each. Used through `scripts/bench-kernels.sh`; `NMT_CPU_ISA=avx2` measures
-//! the AVX2 decoding kernels on a wider CPU.
+//! back. Prints the best of 5 timings of about 0.2 s each. Used through
+//! `scripts/bench-kernels.sh`; `NMT_CPU_ISA=avx2` measures the AVX2 decoding kernels on a
+//! wider CPU.
 
 use anyhow::Result;
 use candle_core::{Device, Tensor, Var};
@@ -46,20 +47,14 @@ fn main() -> Result<()> {
                 break;
             };
             let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
-            let rate = |pool: Option<&rayon::ThreadPool>| -> Result<f64> {
-                let reps = (4e8 / (rows * k * n) as f64).ceil() as usize;
-                let mut best = f64::MAX;
-                for _ in 0..5 {
-                    let t = Instant::now();
-                    for _ in 0..reps {
-                        match pool {
-                            Some(p) => p.install(|| layer.forward(&x, false))?,
-                            None => layer.forward(&x, false)?,
-                        };
-                    }
-                    best = best.min(t.elapsed().as_secs_f64());
-                }
-                Ok((rows * k * n * reps) as f64 / best / 1e9)
+            let rate = |pool: Option<&rayon::ThreadPool>| {
+                best_rate((rows * k * n) as f64, 4e8, || {
+                    match pool {
+                        Some(p) => p.install(|| layer.forward(&x, false))?,
+                        None => layer.forward(&x, false)?,
+                    };
+                    Ok(())
+                })
             };
             line += &format!(
                 "  {rows}x{k}x{n} {:.1} / {:.1}",
@@ -93,25 +88,21 @@ fn training(threads: usize) -> Result<()> {
         let w = Var::from_tensor(&Tensor::randn(0f32, 0.05, (n, k), &dev)?)?;
         let b = Var::from_tensor(&Tensor::randn(0f32, 0.05, n, &dev)?)?;
         let flops = 3.0 * 2.0 * (rows * k * n) as f64;
-        let reps = (1.5e10 / flops).ceil() as usize;
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let t = Instant::now();
-            for _ in 0..reps {
-                let y = nmt::ops::linear(x.as_tensor(), w.as_tensor(), b.as_tensor(), false)?;
-                drop(y.sum_all()?.backward()?);
-            }
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        line += &format!("  {rows}x{k}x{n} {:.1}", flops * reps as f64 / best / 1e9);
+        let gflops = best_rate(flops, 1.5e10, || {
+            let y = nmt::ops::linear(x.as_tensor(), w.as_tensor(), b.as_tensor(), false)?;
+            drop(y.sum_all()?.backward()?);
+            Ok(())
+        })?;
+        line += &format!("  {rows}x{k}x{n} {gflops:.1}");
     }
     println!("{line}");
     Ok(())
 }
 
-/// Best GFLOP/s of `f`, which does `flops` floating-point operations per call.
-fn gflops(flops: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let reps = (4e9 / flops).ceil() as usize;
+/// G operations/s of `f`, which does `ops` operations per call: the best of 5 timings of as many
+/// calls as make `budget` operations.
+fn best_rate(ops: f64, budget: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let reps = (budget / ops).ceil() as usize;
     let mut best = f64::MAX;
     for _ in 0..5 {
         let t = Instant::now();
@@ -120,7 +111,7 @@ fn gflops(flops: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
-    Ok(flops * reps as f64 / best / 1e9)
+    Ok(ops * reps as f64 / best / 1e9)
 }
 
 /// The training layer's three products alone on one thread, through gemm as the linear op
@@ -179,15 +170,15 @@ fn products() -> Result<()> {
                 )
             }
         };
-        let gy = gflops(flops, || {
+        let gy = best_rate(flops, 4e9, || {
             product((rows, n, k), &mut y, (&xv, 1, k), (&wv, k, 1));
             Ok(())
         })?;
-        let gdx = gflops(flops, || {
+        let gdx = best_rate(flops, 4e9, || {
             product((rows, k, n), &mut dx, (&gv, 1, n), (&wv, 1, k));
             Ok(())
         })?;
-        let gdw = gflops(flops, || {
+        let gdw = best_rate(flops, 4e9, || {
             product((n, k, rows), &mut dw, (&gv, n, 1), (&xv, 1, k));
             Ok(())
         })?;
@@ -196,7 +187,7 @@ fn products() -> Result<()> {
             None => "no kernel here".to_string(),
             Some(_) => format!(
                 "{:.1}",
-                gflops(flops, || {
+                best_rate(flops, 4e9, || {
                     one.install(|| -> Result<()> {
                         if let Some(layer) = PackedLinear::new(ComputeType::Float32, &w, &b)? {
                             layer.forward(&x, false)?;
