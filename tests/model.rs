@@ -64,3 +64,36 @@ fn incremental_decoding_equals_the_full_forward_pass() {
         assert!(rel < 1e-5, "step {t}: {rel}");
     }
 }
+
+/// The model in half precision (what `--dtype bf16|f16` runs on a GPU; the same model code
+/// runs here on the CPU) stays finite and near transformers' f32 logits: the padding masks in
+/// particular must not turn into NaN where f16 cannot hold their large negative value.
+#[test]
+fn half_precision_logits_stay_finite_and_near_f32() {
+    let dir = fixture("marian-tiny");
+    let cfg = ModelConfig::load(&dir.join("config.json")).unwrap();
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
+    let (src, tgt) = (ids(&f["src"]), ids(&f["tgt_in"]));
+    let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
+    let want = Tensor::new(want, &Device::Cpu).unwrap();
+    for (dtype, tol) in [(DType::F16, 5e-3), (DType::BF16, 2e-2)] {
+        let w = Weights::load(&dir.join("model.safetensors"), &Device::Cpu, dtype).unwrap();
+        let model = Seq2Seq::new(&cfg, &w).unwrap();
+        let got = model
+            .forward(&src, &tgt)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        for (b, len) in [(0usize, 5usize), (1, 3)] {
+            let g = got.get(b).unwrap().narrow(0, 0, len).unwrap();
+            let w = want.get(b).unwrap().narrow(0, 0, len).unwrap();
+            let rel = max_rel_diff(&g, &w);
+            eprintln!("{dtype:?} row {b}: relative difference {rel:.2e}");
+            assert!(
+                rel <= tol,
+                "{dtype:?} row {b}: relative difference {rel} > {tol}"
+            );
+        }
+    }
+}

@@ -23,7 +23,17 @@ use weights::{Init, Weights};
 /// LayerNorm epsilon (PyTorch's default, as transformers uses).
 const LN_EPS: f64 = 1e-5;
 /// Added to attention scores of hidden keys: large and finite so a row never becomes NaN.
-pub const MASK_VALUE: f64 = -1e9;
+const MASK_VALUE: f64 = -1e9;
+
+/// [`MASK_VALUE`] in a dtype that holds it; f16 (largest magnitude 65,504) gets its most
+/// negative finite value instead, as transformers masks with `finfo(dtype).min`: −1e9 would
+/// round to −∞ there, and the padding mask's 0 · −∞ is NaN.
+pub fn mask_value(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => -65504.0,
+        _ => MASK_VALUE,
+    }
+}
 
 /// Dropout with masks drawn from our own generator, seeded per step (so training and its
 /// resumption are reproducible bit for bit). A CUDA GPU computes the same masks in its kernels,
@@ -434,19 +444,20 @@ impl Seq2Seq {
         Ok(h.reshape((b, 1, self.config.d_model))?)
     }
 
-    /// Additive key-padding mask (B, 1, 1, S) from ids: MASK_VALUE where the id is `<pad>`.
+    /// Additive key-padding mask (B, 1, 1, S) from ids: [`mask_value`] where the id is `<pad>`.
     pub fn padding_bias(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, s) = ids.dims2()?;
         let is_pad = ids.eq(self.config.pad_token_id)?.to_dtype(self.dtype())?;
-        Ok((is_pad * MASK_VALUE)?.reshape((b, 1, 1, s))?)
+        Ok((is_pad * mask_value(self.dtype()))?.reshape((b, 1, 1, s))?)
     }
 
     /// Additive key-padding mask (B, 1, 1, T) from sequence lengths: positions ≥ length hidden.
     /// Used for targets, whose first token (Marian's start token) is the pad id itself.
     pub fn length_bias(&self, lengths: &[usize], t: usize) -> Result<Tensor> {
+        let hidden = mask_value(self.dtype()) as f32;
         let data: Vec<f32> = lengths
             .iter()
-            .flat_map(|&len| (0..t).map(move |i| if i < len { 0.0 } else { MASK_VALUE as f32 }))
+            .flat_map(|&len| (0..t).map(move |i| if i < len { 0.0 } else { hidden }))
             .collect();
         Ok(
             Tensor::from_vec(data, (lengths.len(), 1, 1, t), &self.device)?
@@ -456,14 +467,9 @@ impl Seq2Seq {
 
     /// Causal mask (1, 1, T, T): position t sees positions ≤ t.
     pub fn causal_bias(&self, t: usize) -> Result<Tensor> {
+        let hidden = mask_value(self.dtype()) as f32;
         let data: Vec<f32> = (0..t * t)
-            .map(|i| {
-                if i % t > i / t {
-                    MASK_VALUE as f32
-                } else {
-                    0.0
-                }
-            })
+            .map(|i| if i % t > i / t { hidden } else { 0.0 })
             .collect();
         Ok(Tensor::from_vec(data, (1, 1, t, t), &self.device)?.to_dtype(self.dtype())?)
     }
