@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # The CUDA checks, on a machine with an NVIDIA GPU, for a CUDA build of nmt
 # (scripts/build-cuda.sh --tests, then carry target/cuda/release/{nmt,nmt-cuda-tests} there):
-#   tests  CPU and GPU logits on the fixtures agree (nmt-cuda-tests: f32 <= 1e-4, bf16 <= 2e-2
-#          relative) and incremental decoding on the GPU equals the full pass
-#   speed  target tokens/s of `nmt train --device cuda` (f32, then bf16) and of the PyTorch
-#          yardstick (../shared/peers/torch_marian_ref.py --device cuda) on the same configuration
+#   tests  CPU and GPU logits on the fixtures agree (nmt-cuda-tests: f32 <= 1e-4, bf16 <= 2e-2,
+#          f16 <= 1e-2 relative) and incremental decoding on the GPU equals the full pass
+#   speed  target tokens/s and peak GPU memory of `nmt train --device cuda` in f32 and bf16 and of
+#          the PyTorch yardstick (../shared/peers/torch_marian_ref.py --device cuda) in f32 and with
+#          `--amp bf16` (torch.autocast), on the same model, Multi30k de->en, alternating rounds;
+#          medians over steps after the 10th. --sizes picks the models: yardstick
 #          (data/configs/yardstick.json: vocab 8000, d_model 256, 3+3 layers, FFN 1024, batches of
-#          <= 4096 tokens), Multi30k de->en, alternating rounds; medians over steps after the 10th;
-#          then where an nmt step's time goes (NMT_PROFILE=1: forward, backward, optimizer);
+#          <= 4096 tokens, --steps) and base (data/configs/transformer-base.json: vocab 32000,
+#          d_model 512, 6+6 layers, FFN 2048, batches of <= 16384 tokens, --base-steps); both
+#          clip gradients at norm 1 as the peer does. Memory is the card's peak use above idle
+#          (nvidia-smi every 0.2 s: CUDA context and allocator pools included, for both).
+#          Then where an nmt step's time goes (NMT_PROFILE=1: forward, backward, optimizer);
 #          with --baseline, another CUDA build of nmt runs f32 in every round too (A/B)
 #   census kernel launches and GPU time of one training step, by kind (ncu over 2 and 3 steps,
 #          the difference; needs ncu, looked for in PATH and /usr/local/cuda/bin)
-#   agree  trains data/configs/multi30k.json on the GPU for --minutes, translates
-#          test_2016_flickr greedy and beam 5 on the GPU and on the CPU, and prints the share of
-#          identical lines and each BLEU
+#   agree  trains --agree-config [data/configs/multi30k.json] on the GPU in --agree-dtype [f32]
+#          for --minutes, translates test_2016_flickr greedy and beam 5 on the GPU and on the
+#          CPU, and prints the share of identical lines and each BLEU
 #
 #   scripts/bench-cuda.sh --nmt BIN --data DIR [--tests BIN] [--baseline BIN] [--peer FILE]
 #                         [--python PY] [--steps N] [--rounds R] [--minutes M]
-#                         [--stages tests,speed,census,agree] [--out DIR]
+#                         [--sizes yardstick,base] [--base-steps N] [--agree-config FILE]
+#                         [--agree-dtype f32|bf16] [--stages tests,speed,census,agree] [--out DIR]
 #
 # cuBLAS and cuRAND are looked for in the Python install's nvidia/*/lib folders (PyTorch's
 # wheels) unless LD_LIBRARY_PATH already finds them.
@@ -25,13 +31,16 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/cpu-info.sh"
 nmt="" tests="" baseline="" data="" peer=$root/../shared/peers/torch_marian_ref.py py=${PEERS_PYTHON:-python3}
-steps=200 rounds=2 minutes=3 stages=tests,speed,agree out=""
+steps=200 base_steps=100 sizes=yardstick rounds=2 minutes=3 stages=tests,speed,agree out=""
+agree_config=$root/data/configs/multi30k.json agree_dtype=f32
 while [ $# -gt 0 ]; do
   case "$1" in
     --nmt) nmt=$2; shift 2 ;; --tests) tests=$2; shift 2 ;; --data) data=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;;
     --peer) peer=$2; shift 2 ;; --python) py=$2; shift 2 ;; --steps) steps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;; --minutes) minutes=$2; shift 2 ;; --stages) stages=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;; --base-steps) base_steps=$2; shift 2 ;;
+    --agree-config) agree_config=$2; shift 2 ;; --agree-dtype) agree_dtype=$2; shift 2 ;;
     --out) out=$2; shift 2 ;; *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -60,55 +69,108 @@ if has tests && [ -n "$tests" ]; then
   (cd "$root" && NMT_REQUIRE_CUDA=1 "$tests" --test-threads 1 --nocapture 2>&1) | grep -E "relative|^test |test result|panicked"
 fi
 
-tok=$out/tok8000.json
-if has speed || has agree || has census; then
-  "$nmt" tokenize train --input "$data/train.de.gz" --input "$data/train.en.gz" --vocab-size 8000 --output "$tok" 2>/dev/null
-  "$py" -c "import json; c=json.load(open('$root/data/configs/yardstick.json')); c.update(log_every=1, valid_every=10**9); json.dump(c, open('$out/speed.json','w'))"
-fi
+# The model sizes the speed stage measures: name, nmt config, the peer's flags, steps.
+size_config() {
+  case $1 in
+    yardstick) echo "$root/data/configs/yardstick.json" ;;
+    base) echo "$root/data/configs/transformer-base.json" ;;
+    *) echo "error: --sizes takes yardstick and base" >&2; return 2 ;;
+  esac
+}
+size_peer() {
+  case $1 in
+    yardstick) echo "--vocab 8000 --max-tokens 4096" ;;
+    base) echo "--vocab 32000 --d-model 512 --layers 6 --heads 8 --ff 2048 --warmup 4000 --max-tokens 16384" ;;
+  esac
+}
+speed_config() {  # SIZE: its config with every step logged, no validation, gradients clipped as the peer clips them
+  "$py" -c "import json; c=json.load(open('$(size_config "$1")')); c.update(log_every=1, valid_every=10**9, clip_norm=1.0); json.dump(c, open('$out/speed-$1.json','w'))"
+  echo "$out/speed-$1.json"
+}
+tokenizer() {  # the joint BPE of the given size, trained once per run
+  local t=$out/tok$1.json
+  [ -s "$t" ] || "$nmt" tokenize train --input "$data/train.de.gz" --input "$data/train.en.gz" --vocab-size "$1" --output "$t" 2>/dev/null
+  echo "$t"
+}
+# Peak GPU memory of one command, as nvidia-smi sees the whole card (the context, allocator
+# pools and caches included, the same measure for nmt and PyTorch), less the idle level.
+gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n 1; }
+idle_mb=$(gpu_used)
+with_peak_memory() {  # FILE CMD...: runs CMD, writes the peak MiB above idle to FILE
+  local file=$1; shift
+  ( while :; do gpu_used; sleep 0.2; done ) > "$file.samples" 2>/dev/null &
+  local sampler=$! rc=0
+  "$@" || rc=$?
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  sort -n "$file.samples" | tail -n 1 | awk -v idle="${idle_mb:-0}" '{ print ($1 ~ /^[0-9]+$/) ? $1 - idle : "n/a" }' > "$file"
+  return $rc
+}
 
 if has speed; then
-  echo "== speed: target tokens/s on the GPU, $steps steps, yardstick configuration"
-  printf '%-6s %-14s %12s\n' round system "tgt tok/s"
-  f32=() bf16=() torch=() base=()
-  for r in $(seq "$rounds"); do
-    for run in ${baseline:+baseline} f32 bf16; do
-      bin=$nmt dt=$run
-      [ "$run" = baseline ] && bin=$baseline dt=f32
-      rm -rf "$out/speed-$run"
-      if "$bin" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --tokenizer "$tok" --config "$out/speed.json" \
-          --device cuda --dtype "$dt" --max-steps "$steps" --out "$out/speed-$run" 2> "$out/speed-$run.log"; then
-        rate=$(nmt_rate "$out/speed-$run/metrics.jsonl")
-      else
-        rate=failed; tail -3 "$out/speed-$run.log"
-      fi
-      case $run in baseline) base+=("$rate") ;; f32) f32+=("$rate") ;; *) bf16+=("$rate") ;; esac
-      printf '%-6s %-14s %12s\n' "$r" "nmt $run" "$rate"
+  for size in ${sizes//,/ }; do
+    config=$(size_config "$size") || exit 2
+    vocab=$("$py" -c "import json; print(json.load(open('$config'))['vocab_size'])")
+    max_tokens=$("$py" -c "import json; print(json.load(open('$config'))['max_tokens'])")
+    n=$steps; [ "$size" = base ] && n=$base_steps
+    tok=$(tokenizer "$vocab")
+    speed=$(speed_config "$size")
+    echo "== speed: $size ($(basename "$config"), batches of <= $max_tokens tokens), target tokens/s on the GPU, median of steps 11-$n; GPU memory: peak above idle (nvidia-smi)"
+    printf '%-6s %-16s %12s %10s\n' round system "tgt tok/s" "GPU MiB"
+    declare -A rates=() mems=()
+    for r in $(seq "$rounds"); do
+      for run in ${baseline:+baseline} f32 bf16; do
+        bin=$nmt dt=$run
+        [ "$run" = baseline ] && bin=$baseline dt=f32
+        rm -rf "$out/speed-$run"
+        if with_peak_memory "$out/mem" "$bin" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --tokenizer "$tok" \
+            --config "$speed" --device cuda --dtype "$dt" --max-steps "$n" --out "$out/speed-$run" \
+            2> "$out/speed-$size-$run.log"; then
+          rate=$(nmt_rate "$out/speed-$run/metrics.jsonl")
+        else
+          rate=failed; tail -3 "$out/speed-$size-$run.log"
+        fi
+        rates[nmt-$run]+=" $rate"; mems[nmt-$run]+=" $(cat "$out/mem")"
+        printf '%-6s %-16s %12s %10s\n' "$r" "nmt $run" "$rate" "$(cat "$out/mem")"
+      done
+      for amp in none bf16; do
+        rm -rf "$out/peer"
+        # shellcheck disable=SC2046
+        with_peak_memory "$out/mem" env PYTHONUNBUFFERED=1 "$py" "$peer" --data "$data" --src de --tgt en --device cuda \
+          $(size_peer "$size") --amp "$amp" --tokens $(( n * max_tokens * 6 / 10 )) --minutes 30 --decode-limit 1 \
+          --out "$out/peer" > "$out/peer-$size-$amp.log" 2>&1
+        rate=$("$py" -c "import json; print(json.load(open('$out/peer/result.json'))['train_tgt_tok_per_s_median'])" 2>/dev/null || echo failed)
+        name="pytorch ${amp/none/f32}"; [ "$amp" = bf16 ] && name="pytorch amp bf16"
+        rates[$name]+=" $rate"; mems[$name]+=" $(cat "$out/mem")"
+        printf '%-6s %-16s %12s %10s\n' "$r" "$name" "$rate" "$(cat "$out/mem")"
+        [ "$rate" = failed ] && tail -5 "$out/peer-$size-$amp.log"
+      done
     done
-    rm -rf "$out/peer"
-    PYTHONUNBUFFERED=1 "$py" "$peer" --data "$data" --src de --tgt en --device cuda --max-tokens 4096 \
-      --tokens $(( steps * 4096 * 6 / 10 )) --minutes 30 --decode-limit 1 --out "$out/peer" > "$out/peer.log" 2>&1
-    rate=$("$py" -c "import json; print(json.load(open('$out/peer/result.json'))['train_tgt_tok_per_s_median'])" 2>/dev/null || echo failed)
-    torch+=("$rate"); printf '%-6s %-14s %12s\n' "$r" "pytorch f32" "$rate"
-    [ "$rate" = failed ] && tail -5 "$out/peer.log"
+    m() { echo "$1" | median; }
+    "$py" - "$size" "$(m "${rates[nmt-f32]}")" "$(m "${rates[nmt-bf16]}")" "$(m "${rates[pytorch f32]}")" \
+      "$(m "${rates[pytorch amp bf16]}")" "$(m "${rates[nmt-baseline]:-n/a}")" \
+      "$(m "${mems[nmt-f32]}")" "$(m "${mems[nmt-bf16]}")" "$(m "${mems[pytorch f32]}")" "$(m "${mems[pytorch amp bf16]}")" <<'PY'
+import sys
+size, f32, bf16, torch, amp, base, mf32, mbf16, mtorch, mamp = sys.argv[1:]
+ratio = lambda a, b: f"{float(a) / float(b):.2f}x" if "n/a" not in (a, b) and "failed" not in (a, b) else "n/a"
+print(f"{size} medians: nmt f32 {f32} tok/s = {ratio(f32, torch)} PyTorch f32 ({torch}); "
+      f"nmt bf16 {bf16} tok/s = {ratio(bf16, amp)} PyTorch AMP bf16 ({amp})")
+print(f"{size} GPU memory (MiB, median peak): nmt f32 {mf32} vs PyTorch f32 {mtorch} ({ratio(mf32, mtorch)}); "
+      f"nmt bf16 {mbf16} vs PyTorch AMP bf16 {mamp} ({ratio(mbf16, mamp)})")
+if base != "n/a":
+    print(f"{size} baseline build f32 {base} tok/s; this build / baseline: {ratio(f32, base)}")
+PY
+    unset rates mems
   done
   rm -rf "$out/profile"
-  NMT_PROFILE=1 "$nmt" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --tokenizer "$tok" --config "$out/speed.json" \
+  NMT_PROFILE=1 "$nmt" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --tokenizer "$(tokenizer 8000)" \
+    --config "$(speed_config yardstick)" \
     --device cuda --max-steps 60 --out "$out/profile" 2> "$out/profile.log" \
     && "$py" - "$out/profile/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [r for r in map(json.loads, open(sys.argv[1])) if "forward_ms" in r and r["step"] > 10]
 med = lambda k: statistics.median(r[k] for r in rows)
-print(f"nmt f32 step, device synchronised after each phase (NMT_PROFILE=1): forward {med('forward_ms'):.1f} ms, "
+print(f"nmt f32 step, yardstick, device synchronised after each phase (NMT_PROFILE=1): forward {med('forward_ms'):.1f} ms, "
       f"backward {med('backward_ms'):.1f} ms, optimizer {med('optimizer_ms'):.1f} ms")
-PY
-  m() { printf '%s\n' "$@" | median; }
-  "$py" - "$(m "${f32[@]}")" "$(m "${bf16[@]}")" "$(m "${torch[@]}")" "$(m "${base[@]:-n/a}")" <<'PY'
-import sys
-f32, bf16, torch, base = sys.argv[1:]
-ratio = lambda a, b=torch: f"{float(a) / float(b):.2f}x" if "n/a" not in (a, b) else "n/a"
-print(f"medians: nmt f32 {f32} tok/s ({ratio(f32)} PyTorch), nmt bf16 {bf16} tok/s ({ratio(bf16)}), PyTorch f32 {torch} tok/s")
-if base != "n/a":
-    print(f"baseline build f32 {base} tok/s ({ratio(base)} PyTorch); this build / baseline: {ratio(f32, base)}")
 PY
 fi
 
@@ -118,7 +180,7 @@ if has census; then
   for n in 2 3; do
     rm -rf "$out/census"
     "$ncu" --metrics gpu__time_duration.sum --csv "$nmt" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" \
-      --tokenizer "$tok" --config "$out/speed.json" --device cuda --max-steps "$n" --out "$out/census" \
+      --tokenizer "$(tokenizer 8000)" --config "$(speed_config yardstick)" --device cuda --max-steps "$n" --out "$out/census" \
       > "$out/ncu$n.csv" 2> "$out/ncu.log" || { echo "ncu failed:"; tail -3 "$out/ncu.log"; }
   done
   "$py" - "$out/ncu2.csv" "$out/ncu3.csv" <<'PY'
@@ -145,11 +207,12 @@ PY
 fi
 
 if has agree; then
-  echo "== agree: data/configs/multi30k.json trained on the GPU for $minutes min, then test_2016_flickr on GPU and CPU"
+  echo "== agree: $(basename "$agree_config") trained on the GPU in $agree_dtype for $minutes min, then test_2016_flickr on GPU and CPU"
   rm -rf "$out/model"
   start=$(date +%s)
   "$nmt" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --valid-src "$data/val.de.gz" --valid-tgt "$data/val.en.gz" \
-    --tokenizer "$tok" --config "$root/data/configs/multi30k.json" --device cuda \
+    --tokenizer "$(tokenizer "$("$py" -c "import json; print(json.load(open('$agree_config'))['vocab_size'])")")" \
+    --config "$agree_config" --device cuda --dtype "$agree_dtype" \
     --max-time "${minutes}m" --out "$out/model" 2> "$out/agree-train.log" || { tail -5 "$out/agree-train.log"; exit 1; }
   last=$(tail -n 1 "$out/model/metrics.jsonl")
   echo "trained $(( $(date +%s) - start )) s; last record: $last"
