@@ -333,12 +333,11 @@ fn cuda_libraries() -> Result<()> {
     }
 }
 
-/// A new CUDA device without cudarc's per-launch event bookkeeping (see
-/// [`crate::ops::cuda::single_stream`]).
-fn single_stream(device: Device) -> Device {
+/// A new CUDA device set up as nmt runs it (see [`crate::ops::cuda::configure`]).
+fn configured(device: Device) -> Device {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = &device {
-        crate::ops::cuda::single_stream(d);
+        crate::ops::cuda::configure(d);
     }
     device
 }
@@ -372,10 +371,10 @@ pub fn select_device(device: DeviceArg, dtype: DtypeArg) -> Result<(Device, DTyp
                 bail!("--device cuda: this nmt was built without CUDA (rebuild with --features cuda, see scripts/build-cuda.sh)");
             }
             cuda_libraries().context("--device cuda")?;
-            single_stream(Device::new_cuda(0).context("--device cuda: no usable CUDA GPU")?)
+            configured(Device::new_cuda(0).context("--device cuda: no usable CUDA GPU")?)
         }
         DeviceArg::Auto if candle_core::utils::cuda_is_available() => match cuda_libraries() {
-            Ok(()) => Device::new_cuda(0).map_or(Device::Cpu, single_stream),
+            Ok(()) => Device::new_cuda(0).map_or(Device::Cpu, configured),
             Err(e) => {
                 eprintln!("note: --device auto: using the CPU ({e})");
                 Device::Cpu

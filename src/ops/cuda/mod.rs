@@ -131,10 +131,34 @@ pub(crate) mod prelude {
     };
 }
 
-/// Stops cudarc from recording CUDA events around every kernel launch and allocation. Candle
-/// works on one stream, where they order nothing, yet cost several driver calls per op.
-pub fn single_stream(device: &CudaDevice) {
+/// Sets a new device up as nmt runs it:
+/// - cudarc records no CUDA events around every kernel launch and allocation. Candle works on
+///   one stream, where they order nothing, yet they cost several driver calls per op.
+/// - The device's memory pool keeps what it frees. Its default release threshold, 0, hands
+///   freed memory back to the driver at every synchronisation, and a training step
+///   synchronises to read its loss, so each step mapped its working memory afresh; PyTorch's
+///   caching allocator keeps it too. The peak is unchanged: only what a step already used
+///   stays reserved for the next. Where the pool cannot be set, allocation works as before.
+pub fn configure(device: &CudaDevice) {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
     // SAFETY: everything nmt runs on the device goes through Candle's one stream (cuBLAS and
     // cuRAND are bound to it too), so no cross-stream ordering is needed.
     unsafe { device.disable_event_tracking() }
+    let stream = device.cuda_stream();
+    let ctx = stream.context();
+    if !ctx.has_async_alloc() {
+        return; // cudarc allocates with cuMemAlloc: no pool
+    }
+    let mut keep_all = u64::MAX;
+    // SAFETY: `cu_device` is the context's own device handle; the attribute's value is a u64
+    // (cuMemPoolSetAttribute, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), alive across the call.
+    let _ = unsafe {
+        result::device::get_default_mem_pool(ctx.cu_device()).and_then(|pool| {
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep_all as *mut u64).cast(),
+            )
+        })
+    };
 }
