@@ -12,6 +12,7 @@
 #          d_model 512, 6+6 layers, FFN 2048, batches of <= 16384 tokens, --base-steps); both
 #          clip gradients at norm 1 as the peer does. Memory is the card's peak use above idle
 #          (nvidia-smi every 0.2 s: CUDA context and allocator pools included, for both).
+#          --f16 adds nmt in f16 to every round (with the steps its loss scaler skipped).
 #          Then where an nmt step's time goes (NMT_PROFILE=1: forward, backward, optimizer);
 #          with --baseline, another CUDA build of nmt runs f32 in every round too (A/B)
 #   census kernel launches and GPU time of one training step, by kind (ncu over 2 and 3 steps,
@@ -22,8 +23,8 @@
 #
 #   scripts/bench-cuda.sh --nmt BIN --data DIR [--tests BIN] [--baseline BIN] [--peer FILE]
 #                         [--python PY] [--steps N] [--rounds R] [--minutes M]
-#                         [--sizes yardstick,base] [--base-steps N] [--agree-config FILE]
-#                         [--agree-dtype f32|bf16] [--stages tests,speed,census,agree] [--out DIR]
+#                         [--sizes yardstick,base] [--base-steps N] [--f16] [--agree-config FILE]
+#                         [--agree-dtype f32|bf16|f16] [--stages tests,speed,census,agree] [--out DIR]
 #
 # cuBLAS and cuRAND are looked for in the Python install's nvidia/*/lib folders (PyTorch's
 # wheels) unless LD_LIBRARY_PATH already finds them.
@@ -32,14 +33,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/cpu-info.sh"
 nmt="" tests="" baseline="" data="" peer=$root/../shared/peers/torch_marian_ref.py py=${PEERS_PYTHON:-python3}
 steps=200 base_steps=100 sizes=yardstick rounds=2 minutes=3 stages=tests,speed,agree out=""
-agree_config=$root/data/configs/multi30k.json agree_dtype=f32
+agree_config=$root/data/configs/multi30k.json agree_dtype=f32 f16=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --nmt) nmt=$2; shift 2 ;; --tests) tests=$2; shift 2 ;; --data) data=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;;
     --peer) peer=$2; shift 2 ;; --python) py=$2; shift 2 ;; --steps) steps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;; --minutes) minutes=$2; shift 2 ;; --stages) stages=$2; shift 2 ;;
-    --sizes) sizes=$2; shift 2 ;; --base-steps) base_steps=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;; --base-steps) base_steps=$2; shift 2 ;; --f16) f16=1; shift ;;
     --agree-config) agree_config=$2; shift 2 ;; --agree-dtype) agree_dtype=$2; shift 2 ;;
     --out) out=$2; shift 2 ;; *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -118,7 +119,7 @@ if has speed; then
     printf '%-6s %-16s %12s %10s\n' round system "tgt tok/s" "GPU MiB"
     declare -A rates=() mems=()
     for r in $(seq "$rounds"); do
-      for run in ${baseline:+baseline} f32 bf16; do
+      for run in ${baseline:+baseline} f32 bf16 ${f16:+f16}; do
         bin=$nmt dt=$run
         [ "$run" = baseline ] && bin=$baseline dt=f32
         rm -rf "$out/speed-$run"
@@ -130,7 +131,10 @@ if has speed; then
           rate=failed; tail -3 "$out/speed-$size-$run.log"
         fi
         rates[nmt-$run]+=" $rate"; mems[nmt-$run]+=" $(cat "$out/mem")"
-        printf '%-6s %-16s %12s %10s\n' "$r" "nmt $run" "$rate" "$(cat "$out/mem")"
+        printf '%-6s %-16s %12s %10s' "$r" "nmt $run" "$rate" "$(cat "$out/mem")"
+        [ "$run" = f16 ] && printf '  (%s steps skipped by the loss scaler)' \
+          "$(grep -c '"overflow":true' "$out/speed-$run/metrics.jsonl" 2>/dev/null)"
+        echo
       done
       for amp in none bf16; do
         rm -rf "$out/peer"
@@ -148,14 +152,17 @@ if has speed; then
     m() { echo "$1" | median; }
     "$py" - "$size" "$(m "${rates[nmt-f32]}")" "$(m "${rates[nmt-bf16]}")" "$(m "${rates[pytorch f32]}")" \
       "$(m "${rates[pytorch amp bf16]}")" "$(m "${rates[nmt-baseline]:-n/a}")" \
-      "$(m "${mems[nmt-f32]}")" "$(m "${mems[nmt-bf16]}")" "$(m "${mems[pytorch f32]}")" "$(m "${mems[pytorch amp bf16]}")" <<'PY'
+      "$(m "${mems[nmt-f32]}")" "$(m "${mems[nmt-bf16]}")" "$(m "${mems[pytorch f32]}")" "$(m "${mems[pytorch amp bf16]}")" \
+      "$(m "${rates[nmt-f16]:-n/a}")" "$(m "${mems[nmt-f16]:-n/a}")" <<'PY'
 import sys
-size, f32, bf16, torch, amp, base, mf32, mbf16, mtorch, mamp = sys.argv[1:]
+size, f32, bf16, torch, amp, base, mf32, mbf16, mtorch, mamp, f16, mf16 = sys.argv[1:]
 ratio = lambda a, b: f"{float(a) / float(b):.2f}x" if "n/a" not in (a, b) and "failed" not in (a, b) else "n/a"
 print(f"{size} medians: nmt f32 {f32} tok/s = {ratio(f32, torch)} PyTorch f32 ({torch}); "
       f"nmt bf16 {bf16} tok/s = {ratio(bf16, amp)} PyTorch AMP bf16 ({amp})")
 print(f"{size} GPU memory (MiB, median peak): nmt f32 {mf32} vs PyTorch f32 {mtorch} ({ratio(mf32, mtorch)}); "
       f"nmt bf16 {mbf16} vs PyTorch AMP bf16 {mamp} ({ratio(mbf16, mamp)})")
+if f16 != "n/a":
+    print(f"{size} nmt f16 {f16} tok/s = {ratio(f16, amp)} PyTorch AMP bf16; GPU memory {mf16} MiB")
 if base != "n/a":
     print(f"{size} baseline build f32 {base} tok/s; this build / baseline: {ratio(f32, base)}")
 PY
