@@ -14,19 +14,23 @@ fn ids(v: &serde_json::Value) -> Tensor {
     Tensor::from_vec(rows.concat(), (b, t), &Device::Cpu).unwrap()
 }
 
+/// A fixture's model in `dtype`, its inputs (source, target) and transformers' f32 logits.
+fn with_transformers_logits(name: &str, dtype: DType) -> (Seq2Seq, Tensor, Tensor, Tensor) {
+    let dir = fixture(name);
+    let cfg = ModelConfig::load(&dir.join("config.json")).unwrap();
+    let w = Weights::load(&dir.join("model.safetensors"), &Device::Cpu, dtype).unwrap();
+    let model = Seq2Seq::new(&cfg, &w).unwrap();
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
+    let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
+    let want = Tensor::new(want, &Device::Cpu).unwrap();
+    (model, ids(&f["src"]), ids(&f["tgt_in"]), want)
+}
+
 #[test]
 fn logits_equal_transformers_marian() {
     for name in ["marian-tiny", "marian-tiny-gelu"] {
-        let dir = fixture(name);
-        let cfg = ModelConfig::load(&dir.join("config.json")).unwrap();
-        let w = Weights::load(&dir.join("model.safetensors"), &Device::Cpu, DType::F32).unwrap();
-        let model = Seq2Seq::new(&cfg, &w).unwrap();
-        let f: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap())
-                .unwrap();
-        let (src, tgt) = (ids(&f["src"]), ids(&f["tgt_in"]));
-        let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
-        let want = Tensor::new(want, &Device::Cpu).unwrap();
+        let (model, src, tgt, want) = with_transformers_logits(name, DType::F32);
         let got = model.forward(&src, &tgt).unwrap();
         // Padded target positions are not compared (their outputs are never used).
         for (b, len) in [(0usize, 5usize), (1, 3)] {
@@ -70,16 +74,8 @@ fn incremental_decoding_equals_the_full_forward_pass() {
 /// particular must not turn into NaN where f16 cannot hold their large negative value.
 #[test]
 fn half_precision_logits_stay_finite_and_near_f32() {
-    let dir = fixture("marian-tiny");
-    let cfg = ModelConfig::load(&dir.join("config.json")).unwrap();
-    let f: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
-    let (src, tgt) = (ids(&f["src"]), ids(&f["tgt_in"]));
-    let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(f["logits"].clone()).unwrap();
-    let want = Tensor::new(want, &Device::Cpu).unwrap();
     for (dtype, tol) in [(DType::F16, 5e-3), (DType::BF16, 2e-2)] {
-        let w = Weights::load(&dir.join("model.safetensors"), &Device::Cpu, dtype).unwrap();
-        let model = Seq2Seq::new(&cfg, &w).unwrap();
+        let (model, src, tgt, want) = with_transformers_logits("marian-tiny", dtype);
         let got = model
             .forward(&src, &tgt)
             .unwrap()
