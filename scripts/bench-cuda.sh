@@ -88,6 +88,9 @@ speed_config() {  # SIZE: its config with every step logged, no validation, grad
   "$py" -c "import json; c=json.load(open('$(size_config "$1")')); c.update(log_every=1, valid_every=10**9, clip_norm=1.0); json.dump(c, open('$out/speed-$1.json','w'))"
   echo "$out/speed-$1.json"
 }
+field() {  # FILE KEY: one value of a JSON file
+  "$py" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"
+}
 tokenizer() {  # the joint BPE of the given size, trained once per run
   local t=$out/tok$1.json
   [ -s "$t" ] || "$nmt" tokenize train --input "$data/train.de.gz" --input "$data/train.en.gz" --vocab-size "$1" --output "$t" 2>/dev/null
@@ -110,8 +113,7 @@ with_peak_memory() {  # FILE CMD...: runs CMD, writes the peak MiB above idle to
 if has speed; then
   for size in ${sizes//,/ }; do
     config=$(size_config "$size") || exit 2
-    vocab=$("$py" -c "import json; print(json.load(open('$config'))['vocab_size'])")
-    max_tokens=$("$py" -c "import json; print(json.load(open('$config'))['max_tokens'])")
+    vocab=$(field "$config" vocab_size) max_tokens=$(field "$config" max_tokens)
     n=$steps; [ "$size" = base ] && n=$base_steps
     tok=$(tokenizer "$vocab")
     speed=$(speed_config "$size")
@@ -142,7 +144,7 @@ if has speed; then
         with_peak_memory "$out/mem" env PYTHONUNBUFFERED=1 "$py" "$peer" --data "$data" --src de --tgt en --device cuda \
           $(size_peer "$size") --amp "$amp" --tokens $(( n * max_tokens * 6 / 10 )) --minutes 30 --decode-limit 1 \
           --out "$out/peer" > "$out/peer-$size-$amp.log" 2>&1
-        rate=$("$py" -c "import json; print(json.load(open('$out/peer/result.json'))['train_tgt_tok_per_s_median'])" 2>/dev/null || echo failed)
+        rate=$(field "$out/peer/result.json" train_tgt_tok_per_s_median 2>/dev/null || echo failed)
         name="pytorch ${amp/none/f32}"; [ "$amp" = bf16 ] && name="pytorch amp bf16"
         rates[$name]+=" $rate"; mems[$name]+=" $(cat "$out/mem")"
         printf '%-6s %-16s %12s %10s\n' "$r" "$name" "$rate" "$(cat "$out/mem")"
@@ -218,7 +220,7 @@ if has agree; then
   rm -rf "$out/model"
   start=$(date +%s)
   "$nmt" train --src "$data/train.de.gz" --tgt "$data/train.en.gz" --valid-src "$data/val.de.gz" --valid-tgt "$data/val.en.gz" \
-    --tokenizer "$(tokenizer "$("$py" -c "import json; print(json.load(open('$agree_config'))['vocab_size'])")")" \
+    --tokenizer "$(tokenizer "$(field "$agree_config" vocab_size)")" \
     --config "$agree_config" --device cuda --dtype "$agree_dtype" \
     --max-time "${minutes}m" --out "$out/model" 2> "$out/agree-train.log" || { tail -5 "$out/agree-train.log"; exit 1; }
   last=$(tail -n 1 "$out/model/metrics.jsonl")
