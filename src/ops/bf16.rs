@@ -25,6 +25,7 @@
 use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
 use super::cpu::{wide, OutPtr};
 use super::packed::Packed;
+use super::with_host_f32;
 use candle_core::{Result, Tensor};
 
 /// Whether this CPU has the AVX-512 BF16 kernel's instructions.
@@ -84,14 +85,15 @@ impl Bf16Linear {
     /// `None` where neither runs.
     pub fn new(weight: &Tensor, bias: &Tensor, native: bool) -> Result<Option<Self>> {
         let (n_out, k) = weight.dims2()?;
-        let w = weight.flatten_all()?.to_vec1::<f32>()?;
+        let weight = weight.contiguous()?;
         if native && has_bf16() {
             let mut b = bias.flatten_all()?.to_vec1::<f32>()?;
             if b.len() != n_out {
                 candle_core::bail!("bf16 linear: bias of {} for {n_out} outputs", b.len());
             }
             b.resize(n_out.div_ceil(PANEL) * PANEL, 0.0);
-            let rounded: Vec<u16> = w.iter().map(|&v| round(v)).collect();
+            let rounded: Vec<u16> =
+                with_host_f32(&weight, |w| w.iter().map(|&v| round(v)).collect())?;
             return Ok(Some(Self {
                 n_out,
                 k,
@@ -103,9 +105,11 @@ impl Bf16Linear {
         }
         let kp = k.div_ceil(2) * 2;
         let mut swapped = vec![0f32; n_out * kp];
-        for (row, w) in swapped.chunks_mut(kp).zip(w.chunks(k.max(1))) {
-            swap_pairs(w, row);
-        }
+        with_host_f32(&weight, |w| {
+            for (row, w) in swapped.chunks_mut(kp).zip(w.chunks(k.max(1))) {
+                swap_pairs(w, row);
+            }
+        })?;
         let swapped = Tensor::from_vec(swapped, (n_out, kp), weight.device())?;
         Ok(Packed::new(&swapped, bias, true)?.map(|p| Self {
             n_out,

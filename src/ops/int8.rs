@@ -19,6 +19,7 @@
 
 use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
 use super::cpu::OutPtr;
+use super::with_host_f32;
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
@@ -115,17 +116,17 @@ impl Int8Linear {
     /// `kernel`.
     pub fn new(weight: &Tensor, bias: &Tensor, kernel: Kernel) -> Result<Self> {
         let (n_out, k) = weight.dims2()?;
-        let w = weight.flatten_all()?.to_vec1::<f32>()?;
         let b = bias.flatten_all()?.to_vec1::<f32>()?;
         if b.len() != n_out {
             candle_core::bail!("int8 linear: bias of {} for {n_out} outputs", b.len());
         }
         let mut rows = vec![0i8; n_out * k];
-        let mut scales: Vec<f32> = rows
-            .par_chunks_mut(k.max(1))
-            .zip(w.par_chunks(k.max(1)))
-            .map(|(q, w)| quantize_row(w, q))
-            .collect();
+        let mut scales: Vec<f32> = with_host_f32(&weight.contiguous()?, |w| {
+            rows.par_chunks_mut(k.max(1))
+                .zip(w.par_chunks(k.max(1)))
+                .map(|(q, w)| quantize_row(w, q))
+                .collect()
+        })?;
         scales.truncate(n_out);
         let (weights, shift, padded) = match kernel {
             Kernel::Portable => (rows, Vec::new(), n_out),

@@ -17,6 +17,7 @@ use super::bf16::Bf16Linear;
 use super::cpu::panels::{self, by_tiles, RowKernel, PANEL};
 use super::cpu::{has_avx2, has_avx512, OutPtr};
 use super::int8::{self, Int8Linear};
+use super::with_host_f32;
 use candle_core::{DType, Result, Tensor};
 
 /// How the linear layers of a loaded model compute (`--compute-type`).
@@ -116,7 +117,6 @@ impl Packed {
             return Ok(None);
         }
         let (n_out, k) = weight.dims2()?;
-        let w = weight.flatten_all()?.to_vec1::<f32>()?;
         let b = bias.flatten_all()?.to_vec1::<f32>()?;
         if b.len() != n_out {
             candle_core::bail!("packed linear: bias of {} for {n_out} outputs", b.len());
@@ -125,7 +125,10 @@ impl Packed {
         // its own, contiguous (interleaved, a half's rows lay 128 bytes apart and filled only
         // half of the L1 sets they map to, so the panel being multiplied and the next one
         // being fetched evicted each other).
-        let panels = panels::pack(&w, n_out, k, 1, if avx512 { PANEL } else { HALF });
+        let width = if avx512 { PANEL } else { HALF };
+        let panels = with_host_f32(&weight.contiguous()?, |w| {
+            panels::pack(w, n_out, k, 1, width)
+        })?;
         let mut bias = b;
         bias.resize(n_out.div_ceil(PANEL) * PANEL, 0.0);
         Ok(Some(Self {
