@@ -343,6 +343,32 @@ fn fast_exp_is_within_two_ulp_of_exp() {
     }
 }
 
+/// Loading rejects a weights file by this test: one NaN or infinity anywhere (in the
+/// vectorised part or the tail) must show, and no finite value may.
+#[test]
+fn all_finite_finds_one_non_finite_value_anywhere() {
+    let finite = [
+        f32::MAX,
+        -f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        -0.0,
+        0.0,
+        1.0,
+    ];
+    for n in [0, 1, 15, 16, 17, 40] {
+        let x: Vec<f32> = (0..n).map(|i| finite[i % finite.len()]).collect();
+        assert!(all_finite(&x), "{n} finite values");
+        for at in 0..n {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut y = x.clone();
+                y[at] = bad;
+                assert!(!all_finite(&y), "{bad} at {at} of {n}");
+            }
+        }
+    }
+}
+
 /// Sentences read where they are, from several groups (`rows`), give what copying them per
 /// query row gives.
 #[test]

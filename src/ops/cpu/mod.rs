@@ -168,6 +168,20 @@ pub fn row_max(x: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, f32::max)
 }
 
+/// Whether every value is finite: 0 · x is 0 for a finite x and NaN for a NaN or an infinity,
+/// and so is their sum, which vectorises where a test per value with an early exit does not.
+pub fn all_finite(x: &[f32]) -> bool {
+    wide(
+        #[inline(always)]
+        || {
+            lanes_fold(x, 0.0, |a, v| a + v * 0.0)
+                .into_iter()
+                .sum::<f32>()
+                == 0.0
+        },
+    )
+}
+
 /// Sum of a row, in `LANES` partial sums.
 #[inline(always)]
 pub(crate) fn row_sum(x: &[f32]) -> f32 {
