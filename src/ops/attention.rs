@@ -59,7 +59,7 @@ impl Bias {
         };
         let (b, _, t, bs) = bias.dims4()?;
         anyhow::ensure!(bs == s, "attention bias has {bs} keys, expected {s}");
-        let data = with_host_f32(&bias.contiguous()?, <[f32]>::to_vec)?;
+        let data = with_host_f32(bias, <[f32]>::to_vec)?;
         Ok(Self { data, b, t })
     }
 

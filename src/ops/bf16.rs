@@ -85,7 +85,6 @@ impl Bf16Linear {
     /// `None` where neither runs.
     pub fn new(weight: &Tensor, bias: &Tensor, native: bool) -> Result<Option<Self>> {
         let (n_out, k) = weight.dims2()?;
-        let weight = weight.contiguous()?;
         if native && has_bf16() {
             let mut b = bias.flatten_all()?.to_vec1::<f32>()?;
             if b.len() != n_out {
@@ -93,7 +92,7 @@ impl Bf16Linear {
             }
             b.resize(n_out.div_ceil(PANEL) * PANEL, 0.0);
             let rounded: Vec<u16> =
-                with_host_f32(&weight, |w| w.iter().map(|&v| round(v)).collect())?;
+                with_host_f32(weight, |w| w.iter().map(|&v| round(v)).collect())?;
             return Ok(Some(Self {
                 n_out,
                 k,
@@ -105,7 +104,7 @@ impl Bf16Linear {
         }
         let kp = k.div_ceil(2) * 2;
         let mut swapped = vec![0f32; n_out * kp];
-        with_host_f32(&weight, |w| {
+        with_host_f32(weight, |w| {
             for (row, w) in swapped.chunks_mut(kp).zip(w.chunks(k.max(1))) {
                 swap_pairs(w, row);
             }

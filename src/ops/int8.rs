@@ -121,7 +121,7 @@ impl Int8Linear {
             candle_core::bail!("int8 linear: bias of {} for {n_out} outputs", b.len());
         }
         let mut rows = vec![0i8; n_out * k];
-        let mut scales: Vec<f32> = with_host_f32(&weight.contiguous()?, |w| {
+        let mut scales: Vec<f32> = with_host_f32(weight, |w| {
             rows.par_chunks_mut(k.max(1))
                 .zip(w.par_chunks(k.max(1)))
                 .map(|(q, w)| quantize_row(w, q))

@@ -73,8 +73,10 @@ pub(crate) fn rows_per_task(width: usize) -> usize {
     (16_384 / width.max(1)).max(1)
 }
 
-/// Runs `f` on a contiguous CPU f32 tensor's data, read in place.
+/// Runs `f` on a CPU f32 tensor's data in row-major order: read in place where the tensor is
+/// contiguous (the usual case), else from a contiguous copy.
 pub fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
     let guard = t.storage_and_layout();
     Ok(f(guarded_f32(&guard)?))
 }

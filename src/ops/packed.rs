@@ -126,9 +126,7 @@ impl Packed {
         // half of the L1 sets they map to, so the panel being multiplied and the next one
         // being fetched evicted each other).
         let width = if avx512 { PANEL } else { HALF };
-        let panels = with_host_f32(&weight.contiguous()?, |w| {
-            panels::pack(w, n_out, k, 1, width)
-        })?;
+        let panels = with_host_f32(weight, |w| panels::pack(w, n_out, k, 1, width))?;
         let mut bias = b;
         bias.resize(n_out.div_ceil(PANEL) * PANEL, 0.0);
         Ok(Some(Self {

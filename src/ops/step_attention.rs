@@ -126,7 +126,7 @@ pub fn attend_one(
         .iter()
         .map(|(k, v)| Ok((guarded_f32(k)?, guarded_f32(v)?)))
         .collect::<candle_core::Result<_>>()?;
-    let out = with_host_f32(&q.contiguous()?, |q| {
+    let out = with_host_f32(q, |q| {
         let mut out = vec![0f32; q.len()];
         out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
             let (row, head) = (r / h, r % h);
@@ -264,7 +264,7 @@ pub fn attend_steps(
         .iter()
         .map(|(_, v)| guarded_f32(v))
         .collect::<candle_core::Result<_>>()?;
-    let out = with_host_f32(&q.contiguous()?, |q| {
+    let out = with_host_f32(q, |q| {
         let mut out = vec![0f32; b * h * d];
         out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
             let (row, head) = (r / h, r % h);
