@@ -207,8 +207,8 @@ impl Mha {
                 Shape::from((g.batch, t, d)),
             );
         }
-        let mut probs = vec![0f32; g.batch * g.heads * t * s];
-        let mut ctx = vec![0f32; g.batch * t * d];
+        let mut probs = zeros(g.batch * g.heads * t * s);
+        let mut ctx = zeros(g.batch * t * d);
         probs
             .par_chunks_mut(g.heads * t * s)
             .zip(ctx.par_chunks_mut(t * d))
@@ -226,7 +226,7 @@ impl Mha {
         let g = &self.g;
         let (t, s, dk) = (g.t, g.s, g.head_dim);
         let scale = (dk as f32).powf(-0.5);
-        let mut ctx = vec![0f32; g.batch * t * g.d()];
+        let mut ctx = zeros(g.batch * t * g.d());
         ctx.par_chunks_mut(dk).enumerate().for_each(|(r, o)| {
             let (b, i, h) = (r / (t * g.heads), (r / g.heads) % t, r % g.heads);
             let qr: Vec<f32> = head(q, g, b, h, t, g.q_cols, g.q_off)[i * g.q_cols..][..dk]
@@ -261,15 +261,12 @@ impl Mha {
         let dctx = dctx.contiguous()?;
         let (q, kv) = (q.contiguous()?, kv.map(Tensor::contiguous).transpose()?);
         let kv_t = kv.as_ref().unwrap_or(&q);
-        let mut dq = vec![0f32; g.batch * t * g.q_cols];
-        let mut dkv = vec![
-            0f32;
-            if kv.is_some() {
-                g.batch * s * g.kv_cols
-            } else {
-                0
-            }
-        ];
+        let mut dq = zeros(g.batch * t * g.q_cols);
+        let mut dkv = zeros(if kv.is_some() {
+            g.batch * s * g.kv_cols
+        } else {
+            0
+        });
         with_host_f32(&q, |qd| {
             with_host_f32(kv_t, |kvd| {
                 with_host_f32(&dctx, |dc| {

@@ -63,7 +63,7 @@ impl DropoutMask {
 
     /// [base +] x · mask, in parallel.
     pub(crate) fn apply(&self, x: &[f32], base: Option<&[f32]>) -> Vec<f32> {
-        let mut out = vec![0f32; x.len()];
+        let mut out = zeros(x.len());
         out.par_chunks_mut(Self::CHUNK)
             .enumerate()
             .for_each(|(c, o)| {

@@ -94,7 +94,7 @@ impl CustomOp3 for LinearGrad {
         let (x, w, dy) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let (n_out, n_in) = (l2.dims()[0], l2.dims()[1]);
         let rows = x.len() / n_in;
-        let mut out = vec![0f32; rows * n_in + n_out * n_in + n_out];
+        let mut out = zeros(rows * n_in + n_out * n_in + n_out);
         let (dx, rest) = out.split_at_mut(rows * n_in);
         let (dw, db) = rest.split_at_mut(n_out * n_in);
         // The gradient at the pre-activation (ReLU's zeros masked out) and its column sums
@@ -105,7 +105,7 @@ impl CustomOp3 for LinearGrad {
             Some(y) => {
                 let guard = y.storage_and_layout();
                 let y = guarded_f32(&guard)?;
-                let mut m = vec![0f32; dy.len()];
+                let mut m = zeros(dy.len());
                 m.par_chunks_mut(16_384)
                     .zip(dy.par_chunks(16_384).zip(y.par_chunks(16_384)))
                     .for_each(|(m, (d, y))| {

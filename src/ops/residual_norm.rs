@@ -1,6 +1,7 @@
 //! The post-norm residual block LayerNorm(x + dropout(f)) as one op (CPU; CUDA in
 //! `cuda`), keeping the sum for the backward pass.
 
+use super::cpu::zeros;
 use super::dropout::*;
 use super::layer_norm::*;
 use super::*;
@@ -51,7 +52,7 @@ impl CustomOp3 for ResidualNorm {
         let sum = self.sum.lock().unwrap_or_else(|e| e.into_inner());
         let dy = dy.contiguous()?;
         let d = wb.elem_count() / 2;
-        let mut dsum = vec![0f32; sum.len()];
+        let mut dsum = zeros(sum.len());
         let (dw, db) = with_host_f32(wb, |wb| {
             with_host_f32(&dy, |dy| {
                 layer_norm_backward_rows(&sum, &wb[..d], dy, self.eps, &mut dsum)

@@ -83,13 +83,23 @@ pub(crate) fn gemm_serial(
 }
 
 /// `rows` copies of `row` one after another (a bias for each row of a product), copied in
-/// parallel.
+/// parallel into the new buffer (not zeroed first: the copies are its first writes).
 pub(crate) fn repeat_rows(row: &[f32], rows: usize) -> Vec<f32> {
-    let mut out = vec![0f32; rows * row.len()];
+    let n = rows * row.len();
+    let mut out = Vec::with_capacity(n);
     if !row.is_empty() {
-        out.par_chunks_mut(rows_per_task(row.len()) * row.len())
-            .for_each(|c| c.chunks_mut(row.len()).for_each(|r| r.copy_from_slice(row)));
+        out.spare_capacity_mut()[..n]
+            .par_chunks_mut(rows_per_task(row.len()) * row.len())
+            .for_each(|c| {
+                for r in c.chunks_mut(row.len()) {
+                    r.iter_mut().zip(row).for_each(|(o, &v)| {
+                        o.write(v);
+                    });
+                }
+            });
     }
+    // SAFETY: the chunks above wrote all `n` elements (none when `row` is empty).
+    unsafe { out.set_len(n) };
     out
 }
 

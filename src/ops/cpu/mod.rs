@@ -5,6 +5,8 @@
 pub mod matmul;
 pub(crate) mod panels;
 
+use rayon::prelude::*;
+
 /// The instruction sets nmt's kernels choose between, narrowest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
@@ -139,6 +141,18 @@ impl OutPtr {
     pub(crate) unsafe fn at(&self, i: usize) -> *mut f32 {
         unsafe { self.0.add(i) }
     }
+}
+
+/// `n` zeros, written by all threads in blocks: `vec![0f32; n]` has the allocator clear a reused
+/// buffer on the calling thread alone while the other cores wait.
+pub(crate) fn zeros(n: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    v.spare_capacity_mut()[..n]
+        .par_chunks_mut(1 << 16)
+        .for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
+    // SAFETY: the blocks above wrote all `n` elements of the capacity.
+    unsafe { v.set_len(n) };
+    v
 }
 
 /// Lanes of the vectorisable reductions below: independent partial sums the compiler can keep
