@@ -77,7 +77,7 @@ impl CustomOp3 for ProjectedCrossEntropy {
         }
         let eps = self.epsilon;
         let (mut dh, mut dw) = if self.with_grad {
-            (vec![0f32; n * d], vec![0f32; v * d])
+            (zeros(n * d), zeros(v * d))
         } else {
             (Vec::new(), Vec::new())
         };

@@ -39,7 +39,7 @@ impl CustomOp3 for EmbedOp {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
             candle_core::bail!("embed: id {id} is outside the vocabulary of {v}");
         }
-        let mut y = vec![0f32; b * t * d];
+        let mut y = zeros(b * t * d);
         y.par_chunks_mut(rows_per_task(d) * d)
             .enumerate()
             .for_each(|(c, yc)| {
@@ -76,7 +76,7 @@ impl CustomOp3 for EmbedOp {
         let (v, d) = table.dims2()?;
         let ids = ids.flatten_all()?.to_vec1::<u32>()?;
         let dy = dy.contiguous()?;
-        let mut grad = vec![0f32; v * d];
+        let mut grad = zeros(v * d);
         with_host_f32(&dy, |dy| {
             let dy = match &self.mask {
                 Some(m) => std::borrow::Cow::Owned(m.apply(dy, None)),
