@@ -1,6 +1,6 @@
 //! CPU building blocks of the ops: AVX-512/AVX2 dispatch (`wide`), lane-parallel reductions and
-//! the exponential, and a shared output pointer for parallel writers. Matrix products are in
-//! `matmul`.
+//! the exponential, a shared output pointer for parallel writers, and zeroed buffers cleared by
+//! every thread (`zeros`). Matrix products are in `matmul`.
 
 pub mod matmul;
 pub(crate) mod panels;
