@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use nmt::model::{weights::Weights, Dropout, ModelConfig, Seq2Seq};
 use nmt::rng::Rng;
 use nmt::runtime::{keep_freed_memory, on_worker, one_candle_pool_thread};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 fn main() -> Result<()> {
@@ -49,7 +50,11 @@ fn run(steps: usize) -> Result<()> {
     let (labels, positions) = (Tensor::new(labels, &dev)?, Tensor::new(positions, &dev)?);
     let tokens = labels.dim(0)?;
     let (mut forward, mut backward) = (f64::MAX, f64::MAX);
+    let mut since_first = None;
     for step in 0..steps {
+        if step == 1 {
+            since_first = Some((Instant::now(), thread_run_ns()));
+        }
         let dropout = Dropout::on(step as u64);
         let t0 = Instant::now();
         let src_bias = model.padding_bias(&src)?;
@@ -69,15 +74,50 @@ fn run(steps: usize) -> Result<()> {
         // Freed before the next step starts, as in the trainer.
         drop(grads);
     }
+    let busy = since_first.map(|(t, start)| busy_threads(t.elapsed().as_secs_f64(), &start));
     let total = forward + backward;
     // 6 FLOPs per parameter per target token, as bench-train.sh counts them.
     let gflops = 6.0 * 7.7e6 * tokens as f64 / total / 1e9;
     println!(
-        "{tokens} target tokens: forward {:.1} ms, backward {:.1} ms, total {:.1} ms, {:.0} tok/s, {gflops:.0} GFLOP/s",
+        "{tokens} target tokens: forward {:.1} ms, backward {:.1} ms, total {:.1} ms, {:.0} tok/s, {gflops:.0} GFLOP/s{}",
         forward * 1e3,
         backward * 1e3,
         total * 1e3,
         tokens as f64 / total,
+        busy.unwrap_or_default(),
     );
     Ok(())
+}
+
+/// Nanoseconds each thread of this process has run so far, by thread id (Linux's
+/// `/proc/self/task/*/schedstat`; empty elsewhere).
+fn thread_run_ns() -> BTreeMap<String, u64> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return BTreeMap::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            let ns = stat.split_whitespace().next()?.parse().ok()?;
+            Some((t.file_name().to_string_lossy().into_owned(), ns))
+        })
+        .collect()
+}
+
+/// How busy each thread that worked was over the steps after the first (whose fresh memory
+/// is faulted in), busiest first: `; threads busy 94 %, 86 %`. A thread below 100 % waited
+/// for the other's work, so the gap is what parallel work would win.
+fn busy_threads(wall: f64, start: &BTreeMap<String, u64>) -> String {
+    let mut busy: Vec<f64> = thread_run_ns()
+        .iter()
+        .map(|(tid, ns)| (ns - start.get(tid).copied().unwrap_or(0)) as f64 / 1e9 / wall)
+        .filter(|&b| b > 0.01)
+        .collect();
+    if busy.is_empty() {
+        return String::new();
+    }
+    busy.sort_by(|a, b| b.total_cmp(a));
+    let shares: Vec<String> = busy.iter().map(|b| format!("{:.0} %", 100.0 * b)).collect();
+    format!("; threads busy {}", shares.join(", "))
 }
