@@ -111,7 +111,9 @@ fn thread_run_ns() -> BTreeMap<String, u64> {
 fn busy_threads(wall: f64, start: &BTreeMap<String, u64>) -> String {
     let mut busy: Vec<f64> = thread_run_ns()
         .iter()
-        .map(|(tid, ns)| (ns - start.get(tid).copied().unwrap_or(0)) as f64 / 1e9 / wall)
+        .map(|(tid, ns)| {
+            ns.saturating_sub(start.get(tid).copied().unwrap_or(0)) as f64 / 1e9 / wall
+        })
         .filter(|&b| b > 0.01)
         .collect();
     if busy.is_empty() {
