@@ -258,18 +258,16 @@ impl Mha {
         let g = &self.g;
         let (t, s, d) = (g.t, g.s, g.d());
         let probs = self.probs.lock().unwrap_or_else(|e| e.into_inner());
-        let dctx = dctx.contiguous()?;
-        let (q, kv) = (q.contiguous()?, kv.map(Tensor::contiguous).transpose()?);
-        let kv_t = kv.as_ref().unwrap_or(&q);
+        let kv_t = kv.unwrap_or(q);
         let mut dq = zeros(g.batch * t * g.q_cols);
         let mut dkv = zeros(if kv.is_some() {
             g.batch * s * g.kv_cols
         } else {
             0
         });
-        with_host_f32(&q, |qd| {
+        with_host_f32(q, |qd| {
             with_host_f32(kv_t, |kvd| {
-                with_host_f32(&dctx, |dc| {
+                with_host_f32(dctx, |dc| {
                     let row = |b: usize, dq: &mut [f32], dkv: Option<&mut [f32]>| {
                         let p = &probs[b * g.heads * t * s..(b + 1) * g.heads * t * s];
                         let dc = &dc[b * t * d..(b + 1) * t * d];

@@ -75,9 +75,8 @@ impl CustomOp3 for EmbedOp {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (v, d) = table.dims2()?;
         let ids = ids.flatten_all()?.to_vec1::<u32>()?;
-        let dy = dy.contiguous()?;
         let mut grad = zeros(v * d);
-        with_host_f32(&dy, |dy| {
+        with_host_f32(dy, |dy| {
             let dy = match &self.mask {
                 Some(m) => std::borrow::Cow::Owned(m.apply(dy, None)),
                 None => std::borrow::Cow::Borrowed(dy),

@@ -50,11 +50,10 @@ impl CustomOp3 for ResidualNorm {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let sum = self.sum.lock().unwrap_or_else(|e| e.into_inner());
-        let dy = dy.contiguous()?;
         let d = wb.elem_count() / 2;
         let mut dsum = zeros(sum.len());
         let (dw, db) = with_host_f32(wb, |wb| {
-            with_host_f32(&dy, |dy| {
+            with_host_f32(dy, |dy| {
                 layer_norm_backward_rows(&sum, &wb[..d], dy, self.eps, &mut dsum)
             })
         })??;
