@@ -612,49 +612,59 @@ fn train_loop(
             let mut grads: Option<Vec<Tensor>> = None;
             let (mut loss_sum, mut n_tokens) = (0f64, 0usize);
             let mut phase_ms = [0f64; 3];
-            for _ in 0..cfg.accum {
-                if state.batch_in_epoch >= order.len() {
-                    break;
+            // Forward and backward passes: on the CPU, the pool's threads stay awake between
+            // their many parallel sections.
+            let mut passes = || -> Result<()> {
+                for _ in 0..cfg.accum {
+                    if state.batch_in_epoch >= order.len() {
+                        break;
+                    }
+                    let exs = mixture.examples(plan.batch(order[state.batch_in_epoch]), eos);
+                    state.batch_in_epoch += 1;
+                    let mut b = Batch::new(&exs, pad, start_id, tr.model.device())?;
+                    if let Some(g) = &tr.guide {
+                        let (s, t) = (b.src.dim(1)?, b.tgt_in.dim(1)?);
+                        b.alignment = Some(g.targets(&exs, &tr.tok, s, t, tr.model.device())?);
+                    }
+                    let t = Instant::now();
+                    let (loss, _) = tr.batch_loss(&b, &drop)?;
+                    loss_sum += loss.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+                    n_tokens += b.n_tokens;
+                    phase_ms[0] += t.elapsed().as_secs_f64() * 1e3;
+                    let t = Instant::now();
+                    let store = match state.loss_scale {
+                        Some(s) => (&loss * s.scale)?.backward()?,
+                        None => loss.backward()?,
+                    };
+                    if profile {
+                        device.synchronize()?;
+                    }
+                    phase_ms[1] += t.elapsed().as_secs_f64() * 1e3;
+                    let g: Vec<Tensor> = tr
+                        .opt
+                        .vars()
+                        .map(|(name, v)| {
+                            store
+                                .get(v.as_tensor())
+                                .cloned()
+                                .ok_or_else(|| anyhow!("parameter {name} received no gradient"))
+                        })
+                        .collect::<Result<_>>()?;
+                    grads = Some(match grads.take() {
+                        None => g,
+                        Some(acc) => acc
+                            .iter()
+                            .zip(&g)
+                            .map(|(a, b)| a + b)
+                            .collect::<candle_core::Result<_>>()?,
+                    });
                 }
-                let exs = mixture.examples(plan.batch(order[state.batch_in_epoch]), eos);
-                state.batch_in_epoch += 1;
-                let mut b = Batch::new(&exs, pad, start_id, tr.model.device())?;
-                if let Some(g) = &tr.guide {
-                    let (s, t) = (b.src.dim(1)?, b.tgt_in.dim(1)?);
-                    b.alignment = Some(g.targets(&exs, &tr.tok, s, t, tr.model.device())?);
-                }
-                let t = Instant::now();
-                let (loss, _) = tr.batch_loss(&b, &drop)?;
-                loss_sum += loss.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
-                n_tokens += b.n_tokens;
-                phase_ms[0] += t.elapsed().as_secs_f64() * 1e3;
-                let t = Instant::now();
-                let store = match state.loss_scale {
-                    Some(s) => (&loss * s.scale)?.backward()?,
-                    None => loss.backward()?,
-                };
-                if profile {
-                    device.synchronize()?;
-                }
-                phase_ms[1] += t.elapsed().as_secs_f64() * 1e3;
-                let g: Vec<Tensor> = tr
-                    .opt
-                    .vars()
-                    .map(|(name, v)| {
-                        store
-                            .get(v.as_tensor())
-                            .cloned()
-                            .ok_or_else(|| anyhow!("parameter {name} received no gradient"))
-                    })
-                    .collect::<Result<_>>()?;
-                grads = Some(match grads {
-                    None => g,
-                    Some(acc) => acc
-                        .iter()
-                        .zip(&g)
-                        .map(|(a, b)| a + b)
-                        .collect::<candle_core::Result<_>>()?,
-                });
+                Ok(())
+            };
+            if device.is_cpu() {
+                crate::runtime::with_partners_awake(passes)?;
+            } else {
+                passes()?;
             }
             let per_token = loss_sum / n_tokens.max(1) as f64;
             if !per_token.is_finite() {
