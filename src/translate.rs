@@ -204,11 +204,13 @@ pub fn translate_sources(
     // Batches of similar lengths: less padding, and sentences that end at about the same step.
     let batches: Vec<&[(usize, &[u32])]> = todo.chunks(opts.batch_size.max(1)).collect();
     let done = if opts.workers <= 1 || batches.len() <= 1 {
-        let mut done = Vec::with_capacity(todo.len());
-        for batch in batches {
-            done.extend(decode_sorted(model, tokenizer, batch, opts)?);
-        }
-        done
+        crate::runtime::with_partners_awake(|| -> Result<_> {
+            let mut done = Vec::with_capacity(todo.len());
+            for batch in batches {
+                done.extend(decode_sorted(model, tokenizer, batch, opts)?);
+            }
+            Ok(done)
+        })?
     } else {
         decode_by_workers(model, tokenizer, &batches, opts)?
     };
@@ -244,7 +246,11 @@ fn decode_by_workers(
                         else {
                             return Ok(done);
                         };
-                        match pool.install(|| decode_sorted(model, tokenizer, batch, opts)) {
+                        match pool.install(|| {
+                            crate::runtime::with_partners_awake(|| {
+                                decode_sorted(model, tokenizer, batch, opts)
+                            })
+                        }) {
                             Ok(d) => done.extend(d),
                             Err(e) => {
                                 // The other searches stop after their current batch.

@@ -222,10 +222,11 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
         shared.mark_busy(&mut busy, has_work);
         let alone = shared.busy.load(Ordering::SeqCst) <= 1;
         let run = |f: &mut (dyn FnMut() + Send)| {
+            let awake = || crate::runtime::with_partners_awake(f);
             if alone {
-                crate::runtime::on_worker(f);
+                crate::runtime::on_worker(awake);
             } else {
-                pool.install(f);
+                pool.install(awake);
             }
         };
         if !gathered.is_empty() {
