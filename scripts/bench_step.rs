@@ -57,7 +57,7 @@ fn run(steps: usize) -> Result<()> {
             since_first = Some((Instant::now(), thread_run_ns()));
         }
         let dropout = Dropout::on(step as u64);
-        nmt::runtime::with_partners_awake(|| -> Result<()> {
+        nmt::runtime::with_partners_awake(&dev, || -> Result<()> {
             let t0 = Instant::now();
             let src_bias = model.padding_bias(&src)?;
             let memory = model.encode(&src, &src_bias, &dropout)?;

@@ -74,9 +74,9 @@ pub fn on_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// (PyTorch's) spin between parallel regions; once idle for a while it spins through
 /// `sched_yield`, so that another process's thread still gets the core on a machine with
 /// more threads than cores. Measured on 2 cores: training steps 2–12 % faster, `translate
-/// --workers 1` 5–12 % (docs/performance.md, hypothesis 19). For CPU work only: the partners'
-/// cores are taken while `f` runs.
-pub fn with_partners_awake<R>(f: impl FnOnce() -> R) -> R {
+/// --workers 1` 5–12 % (docs/performance.md, hypothesis 19). For work on `device` = the CPU
+/// only (elsewhere `f` just runs): the partners' cores are taken while `f` runs.
+pub fn with_partners_awake<R>(device: &candle_core::Device, f: impl FnOnce() -> R) -> R {
     use std::sync::atomic::{AtomicBool, Ordering};
     thread_local!(static SPINNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
     let (Some(me), partners) = (
@@ -85,7 +85,7 @@ pub fn with_partners_awake<R>(f: impl FnOnce() -> R) -> R {
     ) else {
         return f();
     };
-    if partners == 0 || SPINNING.get() {
+    if partners == 0 || SPINNING.get() || !device.is_cpu() {
         return f();
     }
     let done = AtomicBool::new(false);
@@ -178,6 +178,7 @@ mod tests {
     fn awake_partners_take_the_work_and_let_go() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let cpu = candle_core::Device::Cpu;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(2)
                 .build()
@@ -188,19 +189,23 @@ mod tests {
                 rayon::join(|| barrier.wait(), || barrier.wait());
             };
             for _ in 0..20 {
-                pool.install(|| with_partners_awake(both_halves));
-                let sum = pool.install(|| with_partners_awake(|| squares(100_000)));
+                pool.install(|| with_partners_awake(&cpu, both_halves));
+                let sum = pool.install(|| with_partners_awake(&cpu, || squares(100_000)));
                 assert_eq!(sum, (0..100_000u64).map(|i| i * i).sum::<u64>());
             }
-            let nested = pool.install(|| with_partners_awake(|| with_partners_awake(|| 7)));
+            let nested =
+                pool.install(|| with_partners_awake(&cpu, || with_partners_awake(&cpu, || 7)));
             assert_eq!(nested, 7);
             pool.install(both_halves);
             let one = rayon::ThreadPoolBuilder::new()
                 .num_threads(1)
                 .build()
                 .unwrap();
-            assert_eq!(one.install(|| with_partners_awake(|| squares(10))), 285);
-            assert_eq!(with_partners_awake(|| 3), 3);
+            assert_eq!(
+                one.install(|| with_partners_awake(&cpu, || squares(10))),
+                285
+            );
+            assert_eq!(with_partners_awake(&cpu, || 3), 3);
             tx.send(()).unwrap();
         });
         rx.recv_timeout(std::time::Duration::from_secs(60))

@@ -204,7 +204,7 @@ pub fn translate_sources(
     // Batches of similar lengths: less padding, and sentences that end at about the same step.
     let batches: Vec<&[(usize, &[u32])]> = todo.chunks(opts.batch_size.max(1)).collect();
     let done = if opts.workers <= 1 || batches.len() <= 1 {
-        crate::runtime::with_partners_awake(|| -> Result<_> {
+        crate::runtime::with_partners_awake(model.device(), || -> Result<_> {
             let mut done = Vec::with_capacity(todo.len());
             for batch in batches {
                 done.extend(decode_sorted(model, tokenizer, batch, opts)?);
@@ -247,7 +247,7 @@ fn decode_by_workers(
                             return Ok(done);
                         };
                         match pool.install(|| {
-                            crate::runtime::with_partners_awake(|| {
+                            crate::runtime::with_partners_awake(model.device(), || {
                                 decode_sorted(model, tokenizer, batch, opts)
                             })
                         }) {

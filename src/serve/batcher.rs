@@ -222,7 +222,7 @@ fn work(shared: &Shared, pool: &rayon::ThreadPool) {
         shared.mark_busy(&mut busy, has_work);
         let alone = shared.busy.load(Ordering::SeqCst) <= 1;
         let run = |f: &mut (dyn FnMut() + Send)| {
-            let awake = || crate::runtime::with_partners_awake(f);
+            let awake = || crate::runtime::with_partners_awake(model.model.device(), f);
             if alone {
                 crate::runtime::on_worker(awake);
             } else {

@@ -612,9 +612,9 @@ fn train_loop(
             let mut grads: Option<Vec<Tensor>> = None;
             let (mut loss_sum, mut n_tokens) = (0f64, 0usize);
             let mut phase_ms = [0f64; 3];
-            // Forward and backward passes: on the CPU, the pool's threads stay awake between
-            // their many parallel sections.
-            let mut passes = || -> Result<()> {
+            // Forward and backward passes, the pool's threads awake between their many parallel
+            // sections.
+            let passes = || -> Result<()> {
                 for _ in 0..cfg.accum {
                     if state.batch_in_epoch >= order.len() {
                         break;
@@ -661,11 +661,7 @@ fn train_loop(
                 }
                 Ok(())
             };
-            if device.is_cpu() {
-                crate::runtime::with_partners_awake(passes)?;
-            } else {
-                passes()?;
-            }
+            crate::runtime::with_partners_awake(&device, passes)?;
             let per_token = loss_sum / n_tokens.max(1) as f64;
             if !per_token.is_finite() {
                 bail!(
