@@ -2,10 +2,11 @@
 # Where the threads of a training step wait (Linux perf): records the fixed-batch step of
 # scripts/bench_step.rs (STEPS steps, default 6) with CPU-time samples and scheduler switches,
 # then prints, after the first sixth of the run (model set-up and the first step's page faults),
-# each thread's share of the time asleep (until a wake-up) and where it fell asleep, and what the step's own
-# thread ran while its partner slept: the work that holds the other core idle. perf's own
-# recording takes CPU time too (its preemptions are listed as state R), so compare shares
-# within one run, not against bench-step's timings.
+# each thread's share of the time asleep (until a wake-up), where it fell asleep (how often and
+# how long each time: many short sleeps are wake-up costs, long ones the other thread's work
+# being waited for), and what the step's own thread ran while its partner slept: the work
+# that holds the other core idle. perf's own recording takes CPU time too (its preemptions
+# are listed as state R), so compare shares within one run, not against bench-step's timings.
 #   scripts/step-waits.sh [STEPS] [BINARY]        (default: this checkout's bench-step)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -68,12 +69,13 @@ for name, tid in (("step thread", step), ("partner", partner)):
     asleep = sum(b - a for a, b, s, _ in offs if s.startswith("S"))
     preempted = sum(b - a for a, b, s, _ in offs if s.startswith("R"))
     print(f"{name}: asleep {100 * asleep / span:.1f} % of the time, preempted {100 * preempted / span:.1f} %; asleep in")
-    where = collections.Counter()
+    where, count = collections.Counter(), collections.Counter()
     for a, b, s, frames in offs:
         if s.startswith("S"):
             where[first_frame(frames)] += b - a
+            count[first_frame(frames)] += 1
     for f, d in where.most_common(6):
-        print(f"  {100 * d / span:5.1f} %  {f}")
+        print(f"  {100 * d / span:5.1f} %  {count[f]:5d} sleeps, {1e6 * d / count[f]:6.0f} us each  {f}")
 
 sleeps = [(a, b) for a, b, s, _ in off_cpu(partner) if s.startswith("S")]
 starts = [a for a, _ in sleeps]
