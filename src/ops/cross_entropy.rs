@@ -228,15 +228,7 @@ pub(crate) mod gpu {
             "nmt-smoothed-ce-cuda"
         }
 
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-        ) -> Result<(candle_core::CpuStorage, Shape)> {
-            candle_core::bail!("{} runs on CUDA devices only", self.name())
-        }
+        cuda_only!(2);
 
         fn cuda_fwd(
             &self,
@@ -279,15 +271,7 @@ pub(crate) mod gpu {
             "nmt-smoothed-ce-grad-cuda"
         }
 
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-        ) -> Result<(candle_core::CpuStorage, Shape)> {
-            candle_core::bail!("{} runs on CUDA devices only", self.name())
-        }
+        cuda_only!(2);
 
         fn cuda_fwd(
             &self,

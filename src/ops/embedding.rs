@@ -167,15 +167,7 @@ pub(crate) mod gpu {
             "nmt-select-rows-cuda"
         }
 
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-        ) -> Result<(candle_core::CpuStorage, Shape)> {
-            candle_core::bail!("{} runs on CUDA devices only", self.name())
-        }
+        cuda_only!(2);
 
         fn cuda_fwd(
             &self,
@@ -206,15 +198,7 @@ pub(crate) mod gpu {
             "nmt-select-rows-grad-cuda"
         }
 
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-        ) -> Result<(candle_core::CpuStorage, Shape)> {
-            candle_core::bail!("{} runs on CUDA devices only", self.name())
-        }
+        cuda_only!(2);
 
         fn cuda_fwd(
             &self,

@@ -148,17 +148,7 @@ pub(crate) mod gpu {
             "nmt-residual-norm-cuda"
         }
 
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-        ) -> Result<(candle_core::CpuStorage, Shape)> {
-            candle_core::bail!("{} runs on CUDA devices only", self.name())
-        }
+        cuda_only!(3);
 
         fn cuda_fwd(
             &self,
@@ -225,17 +215,7 @@ pub(crate) mod gpu {
             "nmt-residual-norm-grad-cuda"
         }
 
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-            _: &candle_core::CpuStorage,
-            _: &Layout,
-        ) -> Result<(candle_core::CpuStorage, Shape)> {
-            candle_core::bail!("{} runs on CUDA devices only", self.name())
-        }
+        cuda_only!(3);
 
         fn cuda_fwd(
             &self,

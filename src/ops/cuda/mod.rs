@@ -114,12 +114,34 @@ pub(crate) fn cfg(grid: u32, block: u32, shared: u32) -> LaunchConfig {
     }
 }
 
+/// The `cpu_fwd` of an op that has only a CUDA half (on the CPU its callers take another op):
+/// an error naming the op. `cuda_only!(2)` in a `CustomOp2`, `cuda_only!(3)` in a `CustomOp3`.
+macro_rules! cuda_only {
+    (2) => {
+        cuda_only!(_a _al, _b _bl);
+    };
+    (3) => {
+        cuda_only!(_a _al, _b _bl, _c _cl);
+    };
+    ($($s:ident $l:ident),+) => {
+        fn cpu_fwd(
+            &self,
+            $($s: &candle_core::CpuStorage, $l: &Layout),+
+        ) -> Result<(candle_core::CpuStorage, Shape)> {
+            candle_core::bail!("{} runs on CUDA devices only", self.name())
+        }
+    };
+}
+
+pub(crate) use cuda_only;
 pub(crate) use launch;
 pub(crate) use with_elem;
 
 /// What an op's CUDA half imports.
 pub(crate) mod prelude {
-    pub(crate) use super::{blocks, cfg, input, launch, mask_args, with_cuda, with_elem, Elem};
+    pub(crate) use super::{
+        blocks, cfg, cuda_only, input, launch, mask_args, with_cuda, with_elem, Elem,
+    };
     pub(crate) use crate::ops::DropoutMask;
     pub(crate) use candle_core::backend::BackendStorage;
     pub(crate) use candle_core::cuda_backend::cudarc::driver::{
