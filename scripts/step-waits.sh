@@ -72,8 +72,9 @@ for name, tid in (("step thread", step), ("partner", partner)):
     where, count = collections.Counter(), collections.Counter()
     for a, b, s, frames in offs:
         if s.startswith("S"):
-            where[first_frame(frames)] += b - a
-            count[first_frame(frames)] += 1
+            place = first_frame(frames)
+            where[place] += b - a
+            count[place] += 1
     for f, d in where.most_common(6):
         print(f"  {100 * d / span:5.1f} %  {count[f]:5d} sleeps, {1e6 * d / count[f]:6.0f} us each  {f}")
 
